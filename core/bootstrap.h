@@ -1,0 +1,59 @@
+// core/bootstrap.h — unique ids and the rank-discovery step.
+//
+// A UniqueId is 128 opaque bytes (NCCL's ncclUniqueId size) that one process
+// creates and hands to every rank out of band (an environment variable, a
+// broadcast through MPI, a file). It carries the root's store address and a
+// random secret; every connection made during bootstrap and by the transports
+// must present (a hash of) that secret, so a stray or hostile connection is
+// refused and logged.
+//
+// Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
+// 32 B secret | reserved zeros.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/socket.h"
+#include "core/store.h"
+
+namespace harp {
+
+struct UniqueId {
+  std::array<unsigned char, 128> bytes{};
+  SockAddr address() const;
+  std::string secret() const;
+  std::string hex() const;
+  static UniqueId fromHex(const std::string& hex);
+  static UniqueId fromBytes(const void* p, size_t n);
+  static UniqueId make(const SockAddr& addr, const std::string& secret);
+};
+
+// Create a unique id whose store server runs in this process (NCCL's
+// ncclGetUniqueId model). `bind` empty = the default interface, port 0.
+UniqueId createUniqueId(const std::string& bind = "");
+
+// Start (once per address+secret) a store server in this process. Used by rank
+// 0 when ranks agree on an address instead of exchanging a unique id.
+void ensureStoreServer(const SockAddr& addr, const std::string& secret);
+
+// Random bytes from the kernel.
+std::string randomBytes(size_t n);
+// 64-bit FNV-1a, used to derive tokens and ids from the secret.
+uint64_t hash64(const std::string& s, uint64_t seed = 0);
+
+// Facts about this process that peers need to pick a transport.
+struct HostIdentity {
+  std::string host_id;   // boot id + network namespace + IPC namespace
+  std::string hostname;
+  int pid;
+};
+HostIdentity thisHost();
+
+// Everyone publishes a blob; everyone gets all blobs (through the store).
+std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,
+                                        const std::string& mine, double timeout_s);
+
+}  // namespace harp

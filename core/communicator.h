@@ -1,0 +1,169 @@
+// core/communicator.h — a group of ranks and the collectives they run.
+//
+// A Communicator is created collectively by `size` processes (or threads) that
+// share a Store (usually through a UniqueId). Creation connects every pair of
+// ranks with the best transport that reaches it (HARP_TRANSPORT forces one).
+//
+// Every collective is submitted with the same arguments, in the same order, on
+// every rank. Calls return a Work handle; collectives complete in submission
+// order. A blocking call (async=false) on an idle communicator runs directly on
+// the calling thread, so small collectives pay no thread hand-off; async calls
+// run on the communicator's worker thread, started on first use.
+//
+// Failures are harp::Error. A local argument error (kInvalidArgument) leaves
+// the communicator usable. A mismatch between ranks, a dead peer or a timeout
+// breaks the communicator: HARP tells every peer (so they raise too instead of
+// waiting), and every later call raises the same error. abort() does that on
+// purpose, from any thread.
+//
+// Threading: the submit methods, split() and destroy() may be called from any
+// thread, but submission order defines the collective order, so callers that
+// submit from several threads must order the calls themselves.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/store.h"
+#include "core/types.h"
+#include "transport/transport.h"
+
+namespace harp {
+
+class Context;
+class Communicator;
+
+struct CommOptions {
+  double timeout_s = -1;       // < 0: HARP_TIMEOUT or 300 s
+  std::string transport;       // "" : HARP_TRANSPORT or automatic per peer
+};
+
+struct CollOptions {
+  std::string algo;            // "" : tuning table (and HARP_ALGO)
+  double timeout_s = -1;       // < 0: the communicator's timeout
+};
+
+// Everything a collective needs; counts are in elements.
+struct CollArgs {
+  CollType coll = CollType::kAllreduce;
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+  // allreduce/broadcast/reduce: total; allgather/gather: per rank sent;
+  // reduce_scatter/scatter: per rank received; alltoall: per pair; send/recv: total.
+  size_t count = 0;
+  DataType dtype = DataType::kUint8;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;   // rooted collectives
+  int peer = -1;  // send/recv
+  uint32_t tag = 0;  // send/recv user tag
+  std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // alltoallv
+  CollOptions opts;
+};
+
+class Work {
+ public:
+  // Waits for completion (timeout_s < 0: forever; the collective itself has a
+  // timeout). Throws the collective's error. Returns false on timeout.
+  bool wait(double timeout_s = -1);
+  bool test();  // true when finished (successfully or not); never throws
+  bool failed();
+  std::string error();
+
+ private:
+  friend class Communicator;
+  void finish(std::exception_ptr e);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::function<void()> on_done_;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  // Collective: every rank calls with the same store (prefix) and size.
+  static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
+                                              CommOptions opts = {});
+  static std::shared_ptr<Communicator> create(const UniqueId& id, int rank, int size,
+                                              CommOptions opts = {});
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  double timeout() const { return timeout_s_; }
+  // Name of the transport used for `peer` ("self" for this rank).
+  std::string transportName(int peer) const;
+  // Validate, then run now (async=false, idle communicator) or queue.
+  std::shared_ptr<Work> submit(CollArgs args, bool async);
+
+  // Convenience wrappers (blocking unless async).
+  std::shared_ptr<Work> allreduce(const void* send, void* recv, size_t count, DataType dt, ReduceOp op,
+                                  CollOptions o = {}, bool async = false);
+  std::shared_ptr<Work> broadcast(void* buf, size_t count, DataType dt, int root, CollOptions o = {},
+                                  bool async = false);
+  std::shared_ptr<Work> barrier(bool async = false);
+
+  // Collective over this communicator: ranks with the same color form a new
+  // communicator, ordered by (key, old rank). color < 0: this rank gets nullptr.
+  std::shared_ptr<Communicator> split(int color, int key);
+
+  // Break the communicator on every rank (best effort) and fail pending work.
+  void abort(const std::string& reason);
+  // Wait for queued work, tell peers goodbye, release everything. Idempotent.
+  void destroy();
+  bool broken() const { return broken_.load(); }
+  std::string brokenReason();
+
+  // Algorithm that would run (tuning table + overrides); for tests and INFO logs.
+  std::string chooseAlgorithm(const CollArgs& a) const;
+
+ private:
+  friend class Context;
+  Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts);
+  void connectAll();
+  void execute(CollArgs& a, Work& w);
+  void runCollective(CollArgs& a);
+  void validate(const CollArgs& a) const;
+  void workerLoop();
+  void markBroken(const std::string& why);
+
+  std::shared_ptr<Store> store_;
+  int rank_, size_;
+  double timeout_s_;
+  CommOptions opts_;
+  uint64_t comm_id_ = 0;
+  std::string token_;
+  std::vector<transport::PeerInfo> peers_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::vector<transport::Transport*> transport_of_;  // by peer rank (nullptr for self)
+  std::vector<transport::Pair*> pair_of_;            // by peer rank
+  uint32_t seq_ = 0;
+  int split_seq_ = 0;
+  std::vector<uint8_t> scratch_;
+
+  // Execution: exec_mu_ serializes running collectives; queue for async work.
+  std::mutex exec_mu_;
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::pair<CollArgs, std::shared_ptr<Work>>> queue_;
+  size_t in_flight_ = 0;  // queued + running async ops
+  std::thread worker_;
+  bool stop_ = false;
+
+  std::atomic<bool> broken_{false};
+  std::mutex broken_mu_;
+  std::string broken_reason_;
+  Error::Kind broken_kind_ = Error::kInternal;
+  bool destroyed_ = false;
+  std::vector<std::string> logged_algos_;
+};
+
+}  // namespace harp

@@ -1,0 +1,168 @@
+// transport/transport.h — the one interface every HARP transport implements.
+//
+// A Transport moves tagged byte ranges between the ranks of one communicator.
+// The core never touches sockets, rings, queue pairs or mbufs; it posts
+// Requests on Pairs and waits for them. Everything a collective needs is:
+//
+//   * Transport::localAddress(peer)  — an opaque blob this rank publishes for
+//     `peer` through the bootstrap (a listen address, a MAC, a QP number...).
+//   * Transport::connect(...)       — given every peer's blob for us, build one
+//     Pair per peer this transport was chosen for.
+//   * Pair::isend / Pair::irecv      — non-blocking, completion in the Request.
+//   * Transport::progress / wait     — move bytes; block when nothing moves.
+//
+// Matching rules (every transport must keep them):
+//   * Per pair and direction, messages are matched strictly in posting order:
+//     the k-th isend on rank A's pair to B matches the k-th irecv on B's pair
+//     to A. There is no wildcard and no reordering.
+//   * Each message carries a 64-bit tag and its length. A receiver whose
+//     posted tag or length differs from the incoming one fails the request with
+//     Request::kMismatch and records what arrived (peer_tag, peer_len); it never
+//     writes past the posted buffer. The core encodes the collective descriptor
+//     (kind, dtype, op, root, count, sequence) in the tag, so this is how ranks
+//     that disagree about a collective find out, on every transport.
+//   * A failure of the connection (peer died, EOF, abort notice from the peer)
+//     fails every pending request of that pair with kPeerFailure and a message
+//     naming the peer rank; later posts on the pair fail at once.
+//
+// Threading: a Transport and its Pairs are driven by one thread at a time (the
+// communicator's executing thread). Nothing here is internally locked, except
+// abort(), which may be called from any thread.
+//
+// Progress: a transport must not spin a CPU when it has nothing to do — ranks
+// often outnumber cores. progress() is a non-blocking attempt; wait() blocks
+// (poll(2), futex, completion channel, or a polling back-off) until something
+// may have happened or the timeout passes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace harp::transport {
+
+// One posted send or receive. Owned by the caller, who keeps it (and the
+// buffer) alive until done() is true. Transports may use the private fields.
+struct Request {
+  enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
+  enum Failure : int { kNone = 0, kMismatch = 1, kPeerFailure = 2, kLocal = 3 };
+
+  void* buf = nullptr;  // send: source bytes (not modified); recv: destination
+  size_t len = 0;
+  uint64_t tag = 0;
+  int peer = -1;  // communicator rank of the other side (set by the core)
+
+  State state = kPending;
+  Failure failure = kNone;
+  std::string error;       // human text for kPeerFailure / kLocal
+  uint64_t peer_tag = 0;   // kMismatch: what the sender tagged
+  uint64_t peer_len = 0;   // kMismatch: how long the sender's message was
+
+  // Transport-private progress state.
+  size_t offset = 0;
+  void* tp_private = nullptr;
+  uint64_t tp_word = 0;
+
+  bool done() const { return state != kPending; }
+  void complete() { state = kDone; }
+  void fail(Failure f, std::string why) {
+    failure = f;
+    error = std::move(why);
+    state = kFailed;
+  }
+};
+
+class Pair {
+ public:
+  virtual ~Pair() = default;
+  // Post a send of [r.buf, r.buf + r.len) with r.tag. Never blocks.
+  virtual void isend(Request* r) = 0;
+  // Post a receive into [r.buf, r.buf + r.len), expecting r.tag. Never blocks.
+  virtual void irecv(Request* r) = 0;
+};
+
+// What a transport learns about the communicator it serves.
+struct CommInfo {
+  int rank = 0;
+  int size = 1;
+  uint64_t comm_id = 0;       // unique per communicator instance in the job
+  std::string token;          // job secret (16 bytes); present it on every connection
+  double timeout_s = 300.0;   // bound for any blocking step in setup
+};
+
+// Per-rank facts published by the bootstrap, available to every transport.
+struct PeerInfo {
+  int rank = 0;
+  std::string host_id;   // equal on ranks that share a host (boot id + net ns)
+  std::string hostname;
+  int pid = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+
+  // Blob to publish for `peer` (called for every peer this rank may talk to,
+  // before connect). Most transports return the same blob for all peers.
+  virtual std::string localAddress(int peer) = 0;
+
+  // Connect to `peers` (ranks this transport was chosen for). remote[i] is the
+  // blob peers[i] published for this rank. Blocks until all pairs are up or
+  // CommInfo::timeout_s passes (throws harp::Error naming the peer).
+  virtual void connect(const std::vector<int>& peers, const std::vector<std::string>& remote) = 0;
+
+  // The pair to `peer` (must be one passed to connect).
+  virtual Pair* pair(int peer) = 0;
+
+  // Non-blocking attempt to move bytes on every pair. True if anything moved
+  // or completed. Also detects peer failure and incoming abort notices.
+  virtual bool progress() = 0;
+
+  // Block up to timeout_ms until progress() may have something to do.
+  virtual void wait(int timeout_ms) = 0;
+
+  // Tell every connected peer this communicator is broken (best effort, never
+  // blocks long), then fail all pending requests with `why`. Any thread.
+  virtual void abort(const std::string& why) = 0;
+
+  // Optional: pin/register user memory for repeated use (RDMA, DPDK external
+  // buffers). The default does nothing; transports with a registration cache
+  // register lazily on first use anyway.
+  virtual void registerMemory(void* /*p*/, size_t /*n*/) {}
+  virtual void deregisterMemory(void* /*p*/) {}
+};
+
+// ---------------------------------------------------------------------------
+// Registry. Each transport's folder registers itself with one line:
+//   HARP_REGISTER_TRANSPORT(tcp, /*priority=*/10, reachable_fn, factory_fn)
+// and is listed in transport/CMakeLists.txt. The communicator picks, per peer,
+// the available transport of highest priority whose `reachable` says yes
+// (shared memory for a peer on the same host, TCP for the rest), unless
+// HARP_TRANSPORT names one.
+struct TransportSpec {
+  std::string name;
+  int priority = 0;
+  // Why this transport cannot run in this process ("" = it can). Called once.
+  std::function<std::string()> unavailable;
+  // Can `self` reach `peer` with this transport (e.g. same host for shm)?
+  std::function<bool(const PeerInfo& self, const PeerInfo& peer)> reachable;
+  std::function<std::unique_ptr<Transport>(const CommInfo&, const std::vector<PeerInfo>&)> create;
+};
+
+int registerTransport(TransportSpec spec);
+const std::vector<TransportSpec>& registeredTransports();
+const TransportSpec* findTransport(const std::string& name);
+
+#define HARP_REGISTER_TRANSPORT_CONCAT2(a, b) a##b
+#define HARP_REGISTER_TRANSPORT_CONCAT(a, b) HARP_REGISTER_TRANSPORT_CONCAT2(a, b)
+#define HARP_REGISTER_TRANSPORT(spec_expr)                                            \
+  static const int HARP_REGISTER_TRANSPORT_CONCAT(harp_transport_reg_, __LINE__) = \
+      ::harp::transport::registerTransport(spec_expr)
+
+}  // namespace harp::transport
