@@ -106,6 +106,9 @@ void Work::finish(std::exception_ptr e) {
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = opts_.timeout_s > 0 ? opts_.timeout_s : env::real("HARP_TIMEOUT", 300.0);
+  tuning_ = TuningTable::fromEnvironment();
+  spin_ = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
+  segment_bytes_ = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
 }
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
@@ -296,7 +299,7 @@ void Communicator::validate(const CollArgs& a) const {
 
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
   if (!a.opts.algo.empty()) return a.opts.algo;
-  std::string algo = lookupAlgorithm(a.coll, transport_kind_, size_, bytesOf(a));
+  std::string algo = tuning_.lookup(a.coll, transport_kind_, size_, bytesOf(a));
   if (algo.empty()) throw Error(Error::kInternal, std::string("tuning table has no row for ") + collName(a.coll));
   if (!findAlgorithm(a.coll, algo))
     throw InvalidArgument(std::string("tuning/HARP_ALGO names unknown algorithm '") + algo + "' for " +

@@ -33,6 +33,7 @@
 
 #include "core/bootstrap.h"
 #include "core/store.h"
+#include "core/tuning.h"
 #include "core/types.h"
 #include "transport/transport.h"
 
@@ -146,6 +147,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<transport::Transport*> transport_of_;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of_;            // by peer rank
   std::string transport_kind_ = "self";              // tuning key: a transport name or "mixed"
+  // Configuration read from the environment when the communicator is created.
+  TuningTable tuning_;
+  int spin_ = 64;              // HARP_SPIN: progress polls before yielding, then blocking
+  size_t segment_bytes_ = 0;   // HARP_SEGMENT_BYTES: pipelining segment
   uint32_t seq_ = 0;
   int split_seq_ = 0;
   std::vector<uint8_t> scratch_;

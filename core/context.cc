@@ -91,7 +91,7 @@ void Context::wait(Request* r) { waitAll({r}); }
 void Context::waitAll(std::initializer_list<Request*> rs) { waitAll(std::vector<Request*>(rs)); }
 
 void Context::waitAll(const std::vector<Request*>& rs) {
-  static const int kSpin = static_cast<int>(env::integer("HARP_SPIN", 64));
+  const int kSpin = comm_.spin_;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
   auto& transports = comm_.transports_;
@@ -154,9 +154,6 @@ void* Context::scratch(size_t bytes) {
   return comm_.scratch_.data();
 }
 
-size_t Context::segmentBytes() const {
-  static const size_t seg = env::bytes("HARP_SEGMENT_BYTES", 512 << 10);
-  return std::max<size_t>(seg, 4096);
-}
+size_t Context::segmentBytes() const { return comm_.segment_bytes_; }
 
 }  // namespace harp
