@@ -261,6 +261,16 @@ void Communicator::validate(const CollArgs& a) const {
   if ((a.coll == CollType::kSend || a.coll == CollType::kRecv) && (a.peer < 0 || a.peer >= size_ || a.peer == rank_))
     throw InvalidArgument(std::string(name) + ": peer " + std::to_string(a.peer) + " is not another rank of " +
                           std::to_string(size_));
+  if (a.coll == CollType::kP2pBatch) {
+    for (const P2pOp& o : a.p2p) {
+      if (o.peer < 0 || o.peer >= size_)
+        throw InvalidArgument(std::string(o.send ? "send" : "recv") + ": peer " + std::to_string(o.peer) +
+                              " is out of range for " + std::to_string(size_) + " ranks");
+      if (o.count > 0 && !o.buf)
+        throw InvalidArgument(std::string(o.send ? "send" : "recv") + ": buffer is null");
+    }
+    return;
+  }
   if (a.coll == CollType::kAlltoallv) {
     if (a.sendcounts.size() != (size_t)size_ || a.sdispls.size() != (size_t)size_ ||
         a.recvcounts.size() != (size_t)size_ || a.rdispls.size() != (size_t)size_)
@@ -370,7 +380,7 @@ void Communicator::runCollective(CollArgs& a) {
     std::lock_guard<std::mutex> g(broken_mu_);
     throw Error(broken_kind_, broken_reason_);
   }
-  bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv;
+  bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
   uint32_t seq = p2p ? 0 : ++seq_;
   // p2p: both sides must agree on "send" vs "recv" being the same message, so
   // they share one tag kind; the user tag travels in the root field.
