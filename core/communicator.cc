@@ -495,7 +495,24 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   a.dtype = DataType::kInt64;
   submit(std::move(a), false);
   int seq = ++split_seq_;
-  if (color < 0) return nullptr;
+  // The new communicators rendezvous through the store, which may live in
+  // another rank's process (rank 0 hosts the unique id's server): a barrier
+  // on this communicator keeps every rank here until all are done with it.
+  std::shared_ptr<Communicator> made;
+  std::exception_ptr err;
+  if (color >= 0) {
+    try {
+      made = splitCreate(all, color, seq);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  barrier(false);
+  if (err) std::rethrow_exception(err);
+  return made;
+}
+
+std::shared_ptr<Communicator> Communicator::splitCreate(const std::vector<int64_t>& all, int color, int seq) {
   std::vector<std::pair<int64_t, int>> members;
   for (int r = 0; r < size_; ++r)
     if (all[2 * r] == color) members.push_back({all[2 * r + 1], r});

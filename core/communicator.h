@@ -146,6 +146,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void validate(const CollArgs& a) const;
   void workerLoop();
   void markBroken(const std::string& why);
+  std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 
   std::shared_ptr<Store> store_;
   int rank_, size_;
