@@ -511,13 +511,12 @@ def test_config_nonblocking_init_and_bad_config():
         assert x == [1, 1, 1, 1]
 
 
-def test_cupy_device_pointers():
-    """Device buffers through cupy (fresh processes: CUDA does not survive fork)."""
-    probe = subprocess.run([sys.executable, "-c", "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("cupy with a CUDA device is not available here; scripts/gpu-check-nccl.sh covers device paths")
+def test_device_pointers():
+    """CUDA device buffers (ctypes+cudart, and cupy when installed), in fresh processes:
+    CUDA does not survive fork. Runs only where an NVIDIA GPU is present."""
+    if not os.path.exists("/dev/nvidia0"):
+        pytest.skip("no NVIDIA GPU here; scripts/gpu-check-nccl.sh runs tests/nccl/device_check.py on one")
     script = os.path.join(os.path.dirname(__file__), "nccl", "device_check.py")
-    out = subprocess.run([sys.executable, script, "--ranks", "2"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, script, "--ranks", "2"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ALL DEVICE CHECKS PASSED" in out.stdout

@@ -41,11 +41,22 @@ void load() {
   std::string tried;
   void* lib = nullptr;
   const char* user = std::getenv("HARP_CUDART");
-  for (const char* name : {user, "libcudart.so", "libcudart.so.12", "libcudart.so.11.0"}) {
-    if (!name || !*name) continue;
-    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  const char* names[] = {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"};
+  // The runtime the application already uses (torch, cupy...), so streams and
+  // pointers come from the same one; then HARP_CUDART; then any.
+  if (user && *user) lib = dlopen(user, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  for (const char* name : names) {
     if (lib) break;
-    tried += std::string(tried.empty() ? "" : ", ") + name;
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  }
+  if (!lib && user && *user) {
+    lib = dlopen(user, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) tried = user;
+  }
+  for (const char* name : names) {
+    if (lib) break;
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) tried += std::string(tried.empty() ? "" : ", ") + name;
   }
   if (!lib) {
     g_why = "libcudart not found (tried " + tried + ")";

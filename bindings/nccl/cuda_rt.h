@@ -1,7 +1,8 @@
 // bindings/nccl/cuda_rt.h — the CUDA runtime, loaded with dlopen at run time.
 //
-// libharp-nccl.so never links CUDA: on first use it tries HARP_CUDART (a path),
-// then libcudart.so, libcudart.so.12, libcudart.so.11.0. When none loads, when
+// libharp-nccl.so never links CUDA: on first use it takes the libcudart the
+// process has already loaded (torch, cupy...), else HARP_CUDART (a path), else
+// libcudart.so.12/.13/.11.0/libcudart.so from the library path. When none loads, when
 // no device is visible, or when HARP_NCCL_CUDA=0, CUDA is "absent" and every
 // buffer is treated as host memory. Only the handful of entry points the NCCL
 // layer needs are resolved; their types are declared here (CUDA 11+ ABI), so

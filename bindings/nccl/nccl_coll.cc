@@ -178,7 +178,7 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
       if (!j->staging.empty()) {
         Staging& last = j->staging.back();
         const char* end = static_cast<const char*>(last.dev) + last.bytes;
-        if (u.ptr <= end) {  // overlaps or touches: extend
+        if (u.ptr < end) {  // overlaps (never merge separate allocations that merely touch)
           const char* uend = u.ptr + u.bytes;
           if (uend > end) last.bytes = uend - static_cast<const char*>(last.dev);
           last.copy_in |= u.in;
@@ -227,6 +227,7 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
     a.op = toOp(o.op);
     a.root = o.root;
     if (o.coll == CollType::kBroadcast && o.root != c->rank) a.sendbuf = nullptr;
+    if (o.coll == CollType::kReduce && o.root != c->rank) a.recvbuf = nullptr;  // unused off the root
     if (isReduction(o.coll) && static_cast<int>(o.op) >= ncclNumOps) {
       size_t n = o.count * (o.coll == CollType::kReduceScatter ? c->nranks : 1);
       j->temps.emplace_back(new char[std::max<size_t>(n * es, 1)]);
@@ -241,7 +242,11 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
 }
 
 // CUDA host functions (run on CUDA's callback thread; no CUDA calls allowed).
-void hostWait(void* p) { (*static_cast<std::shared_ptr<Job>*>(p))->waitDone(); }
+void hostWait(void* p) {
+  auto* holder = static_cast<std::shared_ptr<Job>*>(p);
+  (*holder)->waitDone();
+  delete holder;
+}
 void hostRelease(void* p) {
   auto* holder = static_cast<std::shared_ptr<Job>*>(p);
   Job& j = **holder;

@@ -201,6 +201,9 @@ void Engine::stop() {
 }
 
 void Engine::loop() {
+  if (const cuda::Api* a = cuda::api()) {  // copies and events of this communicator's device
+    if (a->setDevice(comm_->cuda_dev) != 0) a->getLastError();
+  }
   for (;;) {
     std::shared_ptr<Job> j;
     {

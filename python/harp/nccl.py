@@ -89,6 +89,24 @@ def library_path() -> str:
 _lib = None
 
 
+def _cudart_hint():
+    """Point libharp-nccl.so at a pip-installed CUDA runtime (nvidia-cuda-runtime-cu12,
+    as torch and cupy wheels bring) when the system has none on its library path."""
+    if os.environ.get("HARP_CUDART"):
+        return
+    import ctypes.util
+    import glob
+    import sys
+
+    if ctypes.util.find_library("cudart"):
+        return
+    for d in sys.path:
+        hits = sorted(glob.glob(os.path.join(d or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        if hits:
+            os.environ["HARP_CUDART"] = hits[0]
+            return
+
+
 def _L():
     global _lib
     if _lib is not None:
@@ -96,6 +114,7 @@ def _L():
     path = library_path()
     if not os.path.exists(path):
         raise ImportError(f"harp.nccl: {path} does not exist (this HARP build has no NCCL library)")
+    _cudart_hint()
     lib = ctypes.CDLL(path)
     P, I, S, VP = ctypes.POINTER, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
     sig = {
