@@ -37,7 +37,9 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+_SRC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+if os.path.exists(os.path.join(_SRC, "harp", "libharp-nccl.so")):  # a dev build; else the installed harp
+    sys.path.insert(0, _SRC)
 
 
 def find_cudart() -> str:
