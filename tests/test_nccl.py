@@ -91,6 +91,30 @@ def test_version_constants_and_config():
     assert b"no error" == lib.ncclGetErrorString(0)
 
 
+API = ["GetVersion", "GetUniqueId", "CommInitRank", "CommInitRankConfig", "CommInitAll", "CommSplit", "CommFinalize",
+       "CommDestroy", "CommAbort", "CommGetAsyncError", "GetErrorString", "GetLastError", "CommCount",
+       "CommCuDevice", "CommUserRank", "CommRegister", "CommDeregister", "RedOpCreatePreMulSum", "RedOpDestroy",
+       "AllReduce", "Broadcast", "Bcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv", "GroupStart",
+       "GroupEnd", "MemAlloc", "MemFree"]
+
+
+def test_exports_nccl_and_pnccl_names():
+    """Both names of every function are exported, and ncclX is pncclX (an alias), so
+    profilers that interpose nccl* can still reach the implementation through pnccl*."""
+    out = subprocess.run(["nm", "-D", "--defined-only", nccl.library_path()], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    addr = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            addr[parts[2]] = parts[0]
+    for f in API:
+        assert "nccl" + f in addr and "pnccl" + f in addr, f
+        assert addr["nccl" + f] == addr["pnccl" + f], f
+    v = ctypes.c_int()
+    assert nccl._L().pncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22105
+
+
 def test_unique_id_roundtrip_and_bad_id():
     uid = nccl.get_unique_id()
     assert len(uid) == 128 and all(-128 <= b <= 127 for b in uid)
