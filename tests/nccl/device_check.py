@@ -42,6 +42,23 @@ if os.path.exists(os.path.join(_SRC, "harp", "libharp-nccl.so")):  # a dev build
     sys.path.insert(0, _SRC)
 
 
+def load_nccl():
+    """harp.nccl; loaded straight from its file when the harp package cannot be
+    imported (e.g. a carried _harp module built for another Python): it needs
+    only ctypes and libharp-nccl.so next to it."""
+    try:
+        from harp import nccl
+
+        return nccl
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("harp_nccl_standalone", os.path.join(_SRC, "harp", "nccl.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
 def find_cudart() -> str:
     if os.environ.get("HARP_CUDART"):
         return os.environ["HARP_CUDART"]
@@ -119,7 +136,7 @@ def rank_main(rank, size, uid, cudart, q):
         n = ctypes.c_int()
         cu.ok(cu.lib.cudaGetDeviceCount(ctypes.byref(n)), "cudaGetDeviceCount")
         cu.ok(cu.lib.cudaSetDevice(rank % n.value), "cudaSetDevice")
-        from harp import nccl
+        nccl = load_nccl()
 
         log = []
         c = nccl.NcclCommunicator(size, uid, rank)
@@ -232,7 +249,7 @@ def init_all_check(cudart):
     os.environ["HARP_CUDART"] = cudart
     cu = Cuda(cudart)
     cu.ok(cu.lib.cudaSetDevice(0), "cudaSetDevice")
-    from harp import nccl
+    nccl = load_nccl()
 
     comms = nccl.NcclCommunicator.initAll([0, 0])
     N = 4096
@@ -257,7 +274,7 @@ def cupy_check(rank, size, uid, q):
     try:
         import cupy as cp
 
-        from harp import nccl
+        nccl = load_nccl()
 
         cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
         c = nccl.NcclCommunicator(size, uid, rank)
@@ -278,9 +295,7 @@ def cupy_check(rank, size, uid, q):
 
 def run(target, size, *args, timeout=180):
     ctx = mp.get_context("spawn")
-    from harp import _harp
-
-    uid = bytes(_harp.get_unique_id("127.0.0.1:0"))
+    uid = bytes((b + 256) % 256 for b in load_nccl().get_unique_id())
     q = ctx.Queue()
     ps = [ctx.Process(target=target, args=(r, size, uid, *args, q)) for r in range(size)]
     for p in ps:
