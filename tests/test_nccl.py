@@ -337,6 +337,19 @@ def test_init_all_threads_and_groups():
         s.destroy()
     for c in comms:
         c.destroy()
+    # ncclCommInitRank for every rank from one thread, inside a group (created at ncclGroupEnd).
+    uid = nccl.get_unique_id()
+    nccl.groupStart()
+    made = [nccl.NcclCommunicator(n, uid, r) for r in range(n)]
+    nccl.groupEnd()
+    xs = [np.full(4, r, np.int64) for r in range(n)]
+    nccl.groupStart()
+    for r, c in enumerate(made):
+        c.allReduce(xs[r].ctypes.data, xs[r].ctypes.data, 4, nccl.NCCL_INT64, nccl.NCCL_SUM, 0)
+    nccl.groupEnd()
+    assert all(np.all(x == n * (n - 1) // 2) for x in xs) and [c.rank_id() for c in made] == [0, 1, 2]
+    for c in made:
+        c.destroy()
 
 
 def _abort(rank, size):
@@ -426,6 +439,31 @@ def test_errors_are_codes_with_text():
         assert out["destroyed"][0] == usage
     # At least the rank that saw the mismatch names it as one.
     assert any(out["mismatch"][0] == nccl.NCCL_INVALID_USAGE for out in run_ranks(2, _errors))
+
+
+def _p2p_mismatch(rank, size):
+    c = _comm(rank, size)
+    buf = np.zeros(16, np.int32)
+    t = time.monotonic()
+    try:
+        if rank == 0:
+            # The send may complete (the bytes left); the receiver then breaks the
+            # communicator, so the sender's next call fails instead of hanging.
+            c.send(buf.ctypes.data, 10, nccl.NCCL_INT32, 1, 0)
+            c.allReduce(buf.ctypes.data, buf.ctypes.data, 16, nccl.NCCL_INT32, nccl.NCCL_SUM, 0)
+        else:
+            c.recv(buf.ctypes.data, 12, nccl.NCCL_INT32, 0, 0)
+        return ("no error", 0.0, "")
+    except nccl.NcclError as e:
+        return (e.status, time.monotonic() - t, str(e))
+
+
+def test_send_recv_size_mismatch_is_an_error_not_a_hang():
+    res = run_ranks(2, _p2p_mismatch)
+    assert res[1][0] == nccl.NCCL_INVALID_USAGE and "mismatch" in res[1][2], res
+    assert "48 bytes" in res[1][2] and "40 bytes" in res[1][2], res
+    for status, waited, text in res:
+        assert status in (nccl.NCCL_INVALID_USAGE, nccl.NCCL_REMOTE_ERROR) and waited < 20, res
 
 
 def _premul(rank, size):
