@@ -76,6 +76,7 @@ void load() {
             resolve(lib, "cudaStreamSynchronize", a.streamSynchronize) &&
             resolve(lib, "cudaLaunchHostFunc", a.launchHostFunc) &&
             resolve(lib, "cudaRuntimeGetVersion", a.runtimeGetVersion);
+  resolve(lib, "cudaStreamIsCapturing", a.streamIsCapturing);  // optional
   if (!ok) {
     g_why = "libcudart lacks an entry point HARP needs (CUDA >= 11 required)";
     return;

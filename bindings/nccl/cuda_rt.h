@@ -45,6 +45,7 @@ struct Api {
   int (*streamSynchronize)(Stream);
   int (*launchHostFunc)(Stream, HostFn, void*);
   int (*runtimeGetVersion)(int*);
+  int (*streamIsCapturing)(Stream, int*);  // optional (nullptr if absent)
 };
 
 // nullptr when CUDA is absent (see above). why() says why it is absent.

@@ -261,6 +261,16 @@ void launchDevice(const std::shared_ptr<Job>& j, const std::vector<cuda::Stream>
   const cuda::Api* a = cuda::api();
   ncclCommImpl* c = j->comm;
   cuda::Stream s = streams[0];
+  if (a->streamIsCapturing)
+    for (auto st : streams) {
+      int capturing = 0;
+      if (a->streamIsCapturing(st, &capturing) == 0 && capturing != 0) {
+        for (auto& stg : j->staging) c->releasePinned(stg.host, stg.cap);
+        throw Error(Error::kInvalidArgument,
+                    "HARP cannot run NCCL calls inside CUDA graph capture (stream is capturing); "
+                    "call them outside the captured region");
+      }
+    }
   j->stream = s;
   j->ready = c->acquireEvent();
   for (size_t i = 1; i < streams.size(); ++i) {  // other streams of the group: s waits for them
