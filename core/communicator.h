@@ -52,6 +52,17 @@ struct CollOptions {
   double timeout_s = -1;       // < 0: the communicator's timeout
 };
 
+// One send or receive of a p2p_batch (NCCL's grouped ncclSend/ncclRecv). Each
+// travels exactly like a single send/recv with the batch's dtype and tag, so
+// it matches a plain send/recv on the peer; peer == this rank is a local copy
+// paired, in order, with this rank's own receive.
+struct P2pOp {
+  bool send = true;
+  int peer = -1;
+  void* buf = nullptr;  // read for a send, written for a receive
+  size_t count = 0;     // elements
+};
+
 // Everything a collective needs; counts are in elements.
 struct CollArgs {
   CollType coll = CollType::kAllreduce;
@@ -66,6 +77,7 @@ struct CollArgs {
   int peer = -1;  // send/recv
   uint32_t tag = 0;  // send/recv user tag
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // alltoallv
+  std::vector<P2pOp> p2p;  // p2p_batch: posted together, then waited for together
   CollOptions opts;
 };
 
@@ -135,6 +147,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void validate(const CollArgs& a) const;
   void workerLoop();
   void markBroken(const std::string& why);
+  std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 
   std::shared_ptr<Store> store_;
   int rank_, size_;
