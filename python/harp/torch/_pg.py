@@ -32,6 +32,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 
 from .. import _harp
 from .._types import Coll, DataType, ReduceOp
@@ -151,7 +152,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- allreduce -------------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+        opts = opts or _c10d.AllreduceOptions()
         d = self._delegate(tensors, "allreduce", tensors, opts)
         if d is not None:
             return d
@@ -169,7 +170,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                          op=op, timeout=timeout)], opts, result, [s])
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
+        opts = opts or _c10d.AllreduceCoalescedOptions()
         d = self._delegate(tensors, "allreduce_coalesced", tensors, opts)
         if d is not None:
             return d
@@ -198,7 +199,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- broadcast / reduce ------------------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
+        opts = opts or _c10d.BroadcastOptions()
         d = self._delegate(tensors, "broadcast", tensors, opts)
         if d is not None:
             return d
@@ -210,7 +211,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                               s.dt, root=root, timeout=timeout)], opts, tensors, [s])
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
+        opts = opts or _c10d.ReduceOptions()
         d = self._delegate(tensors, "reduce", tensors, opts)
         if d is not None:
             return d
@@ -229,7 +230,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- allgather ----------------------------------------------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         d = self._delegate(input_tensors, "allgather", output_tensors, input_tensors, opts)
         if d is not None:
             return d
@@ -271,7 +272,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         return self._issue(opname, run, opts, result, [s], post)
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         d = self._delegate([input], "_allgather_base", output, input, opts)
         if d is not None:
             return d
@@ -290,15 +291,15 @@ class ProcessGroupHarp(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        works = [self.all_gather_single(o, i, _async_like(opts, dist.AllgatherOptions)) for o, i in
+        opts = opts or _c10d.AllgatherOptions()
+        works = [self.all_gather_single(o, i, _async_like(opts, _c10d.AllgatherOptions)) for o, i in
                  zip(outputs, inputs)]
         return self._join("all_gather_into_tensor_coalesced", works, opts, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         d = self._delegate(input_list, "allgather_coalesced", output_lists, input_list, opts)
         if d is not None:
             return d
@@ -327,7 +328,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- reduce_scatter ----------------------------------------------------------------------------------------
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         d = self._delegate(output_tensors, "reduce_scatter", output_tensors, input_tensors, opts)
         if d is not None:
             return d
@@ -362,7 +363,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                  timeout=timeout)], opts, output_tensors, [fs], post)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         d = self._delegate([input], "_reduce_scatter_base", output, input, opts)
         if d is not None:
             return d
@@ -383,8 +384,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        sub = _async_like(opts, dist.ReduceScatterOptions)
+        opts = opts or _c10d.ReduceScatterOptions()
+        sub = _async_like(opts, _c10d.ReduceScatterOptions)
         sub.reduceOp = opts.reduceOp
         works = [self.reduce_scatter_single(o, i, sub) for o, i in zip(outputs, inputs)]
         return self._join("reduce_scatter_tensor_coalesced", works, opts, outputs)
@@ -393,7 +394,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- alltoall ---------------------------------------------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         d = self._delegate([input], "alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
         if d is not None:
             return d
@@ -433,7 +434,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         d = self._delegate(input_tensors, "alltoall", output_tensors, input_tensors, opts)
         if d is not None:
             return d
@@ -465,7 +466,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- gather / scatter -------------------------------------------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
+        opts = opts or _c10d.GatherOptions()
         d = self._delegate(input_tensors, "gather", output_tensors, input_tensors, opts)
         if d is not None:
             return d
@@ -491,7 +492,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                            opts, output_tensors, [s], post)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
+        opts = opts or _c10d.ScatterOptions()
         d = self._delegate(output_tensors, "scatter", output_tensors, input_tensors, opts)
         if d is not None:
             return d
@@ -515,7 +516,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     # -- barrier ----------------------------------------------------------------------------------------------
     def barrier(self, opts=None):
-        opts = opts or dist.BarrierOptions()
+        opts = opts or _c10d.BarrierOptions()
         timeout = _secs(getattr(opts, "timeout", None))
         return self._issue("barrier", lambda: [self._submit(self._coll, Coll.barrier, 0, 0, 0, DataType.uint8,
                                                             timeout=timeout)], opts, [])

@@ -152,28 +152,40 @@ def completed_work(op, pg_desc, result):
 
 
 class Completer:
-    """One daemon thread per process group that finishes works in issue order."""
+    """Threads that wait for works and finish them (copy-back, then the future and its callbacks).
+
+    Future callbacks may block on later futures (PowerSGD's callback runs another allreduce and waits
+    for it), so a thread busy with one work must never be the only one that can finish the next: a new
+    work starts a new thread unless one is idle. Idle threads linger a few seconds and are reused.
+    """
+
+    _LINGER_S = 5.0
 
     def __init__(self, name: str):
         self._q = collections.deque()
         self._cv = threading.Condition()
         self._stop = False
-        self._thread = None
+        self._idle = 0
+        self._threads = []
         self._name = name
 
     def add(self, work: HarpWork):
         with self._cv:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"harp-torch-{self._name}", daemon=True)
-                self._thread.start()
             self._q.append(work)
-            self._cv.notify()
+            if self._idle > len(self._q) - 1:
+                self._cv.notify()
+                return
+            t = threading.Thread(target=self._loop, name=f"harp-torch-{self._name}", daemon=True)
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+            t.start()
 
     def _loop(self):
         while True:
             with self._cv:
-                while not self._q and not self._stop:
-                    self._cv.wait()
+                if not self._q and not self._stop:
+                    self._idle += 1
+                    self._cv.wait(self._LINGER_S)
+                    self._idle -= 1
                 if not self._q:
                     return
                 w = self._q.popleft()
@@ -182,7 +194,8 @@ class Completer:
     def stop(self):
         with self._cv:
             self._stop = True
-            self._cv.notify()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=30)
+            self._cv.notify_all()
+            threads = list(self._threads)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=30)
