@@ -93,9 +93,22 @@ class ProcessGroupHarp(dist.ProcessGroup):
     def getBackendName(self):
         return "harp"
 
+    # torch names groups after creation (pg._set_group_name -> setGroupName); the C++ default keeps the
+    # name in the device backends, which a Python group does not have, so keep it here.
+    def setGroupName(self, name):
+        self._name = name
+        self._desc = f"rank {self._rank} of group '{name}' ({self._size} ranks)"
+
+    def setGroupDesc(self, desc):
+        self._gdesc = desc
+
+    @property
+    def group_name(self):
+        return self._name
+
     @property
     def group_desc(self):
-        return self._name
+        return getattr(self, "_gdesc", self._name)
 
     def __repr__(self):
         return f"ProcessGroupHarp(rank={self._rank}, size={self._size}, name={self._name!r})"
@@ -531,11 +544,12 @@ class ProcessGroupHarp(dist.ProcessGroup):
         deadline = time.monotonic() + secs
         if self._rank != 0:
             self._store.set(f"{key}/{self._rank}", b"1")
-            try:
-                self._store.wait([f"{key}/done"], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
+            try:  # rank 0 reports at its deadline; give its report time to arrive
+                self._store.wait([f"{key}/done"], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0) + 10))
             except Exception:
                 raise dist.DistBackendError(
-                    f"harp monitored_barrier: {self._desc} was not released by rank 0 within {secs:.1f} s") from None
+                    f"harp monitored_barrier: {self._desc} was not released by rank 0 within {secs + 10:.1f} s "
+                    f"(rank 0 is stuck or dead)") from None
             if self._store.get(f"{key}/done") != b"ok":
                 raise dist.DistBackendError(f"harp monitored_barrier: rank 0 reported: "
                                             f"{self._store.get(f'{key}/done').decode()}")
