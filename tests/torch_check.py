@@ -466,3 +466,33 @@ def errors_local(rank, size, url):
     msgs.append(bool(torch.all(t == size)))
     dist.destroy_process_group()
     return msgs
+
+
+def cuda_ops(rank, size, url):
+    """CUDA tensors (staged through pinned memory in stream order): allreduce, broadcast, allgather, p2p."""
+    torch.cuda.set_device(0)
+    init(rank, size, url, backend="cpu:harp,cuda:harp")
+    bad = []
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        t = torch.full((1 << 20,), float(rank + 1), device="cuda")
+        t.mul_(2)  # queued on s before the collective: staging must see it
+        dist.all_reduce(t)
+        t.add_(1)  # after: must see the result
+    s.synchronize()
+    if not torch.all(t == 2 * sum(r + 1 for r in range(size)) + 1):
+        bad.append(f"rank {rank}: cuda allreduce {t[:3]}")
+    b = torch.full((7,), float(rank), device="cuda")
+    dist.broadcast(b, 0)
+    if not torch.all(b == 0):
+        bad.append(f"rank {rank}: cuda broadcast {b}")
+    out = torch.empty(size * 5, device="cuda")
+    dist.all_gather_into_tensor(out, torch.full((5,), float(rank), device="cuda"))
+    if not torch.equal(out.cpu(), torch.arange(size).float().repeat_interleave(5)):
+        bad.append(f"rank {rank}: cuda all_gather {out}")
+    w = dist.all_reduce(torch.ones(3, device="cuda"), async_op=True)
+    v = w.get_future().wait()[0]
+    if not torch.all(v == size):
+        bad.append(f"rank {rank}: cuda future {v}")
+    dist.destroy_process_group()
+    return bad
