@@ -32,6 +32,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.futures import Future
 from torch._C import _distributed_c10d as _c10d
 
 from .. import _harp
@@ -130,18 +131,25 @@ class ProcessGroupHarp(dist.ProcessGroup):
     def _submit(self, comm, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0,
                 timeout=-1.0, v=None):
         sc, sd, rc, rd = v if v is not None else ([], [], [], [])
+        # Blocking torch calls run inline on this thread (no hand-off to HARP's worker when it is idle).
+        inline = getattr(_tls, "inline", False)
         return comm._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer),
-                              int(tag), "", float(timeout), True, sc, sd, rc, rd)
+                              int(tag), "", float(timeout), not inline, sc, sd, rc, rd)
 
     def _issue(self, opname, fn, opts, result, staged=(), post=None, comm=None):
         """Run fn() -> list of HARP handles; wrap them in a HarpWork (finished now when not async)."""
         comm = comm or self._coll
+        is_async = getattr(opts, "asyncOp", True)
+        _tls.inline = not is_async
         try:
             handles = fn()
         except HarpError as e:
             raise backend_error(opname, self._desc, e) from None
+        finally:
+            _tls.inline = False
         w = HarpWork(opname, self._desc, handles, staged, result, post)
-        if getattr(opts, "asyncOp", True):
+        if is_async:
+            w._fut = Future()  # DDP and hooks always ask for it; create it before a completer can finish
             self._done[id(comm)].add(w)
         else:
             w.wait()
@@ -693,6 +701,9 @@ class ProcessGroupHarp(dist.ProcessGroup):
 
     def rank(self):
         return self._rank
+
+
+_tls = threading.local()
 
 
 class _AsyncOpts:

@@ -62,8 +62,18 @@ def harp_op(reduce_op):
     return _OPS[name], None
 
 
+_WIRE_CACHE = {}
+
+
 def wire_dtype(dtype, reducing: bool):
     """(harp dtype, elements per tensor element, widen-to dtype or None)."""
+    hit = _WIRE_CACHE.get((dtype, reducing))
+    if hit is None:
+        hit = _WIRE_CACHE[(dtype, reducing)] = _wire_dtype(dtype, reducing)
+    return hit
+
+
+def _wire_dtype(dtype, reducing: bool):
     if reducing and dtype in _WIDEN:
         return DataType.int32, 1, _WIDEN[dtype]
     dt = _NATIVE.get(dtype)
@@ -76,6 +86,8 @@ def wire_dtype(dtype, reducing: bool):
 
 
 def check_device(t: torch.Tensor, op: str):
+    if t.is_cpu:
+        return
     d = t.device.type
     if d == "cpu":
         return
@@ -92,12 +104,12 @@ class Staged:
     __slots__ = ("orig", "host", "write_back", "stream", "dt", "mult")
 
     def __init__(self, t: torch.Tensor, *, read: bool, write: bool, reducing: bool = False, op: str = ""):
-        check_device(t, op)
         self.orig = t
         self.dt, self.mult, widen = wire_dtype(t.dtype, reducing)
         self.stream = None
         self.write_back = False
-        if t.device.type == "cuda":
+        if not t.is_cpu:
+            check_device(t, op)
             self.stream = torch.cuda.current_stream(t.device)
             host = torch.empty(t.shape, dtype=widen or t.dtype, pin_memory=True)
             if read:

@@ -44,7 +44,7 @@ class HarpWork(dist.Work):
         self._post = post          # extra Python step after the data arrived (scatter of outputs...)
         self._waiters = waiters    # extra callables that block until their part is done (anysource thread)
         self._result = [] if result is None else result
-        self._fut = Future()
+        self._fut = None  # created on demand (blocking calls rarely ask for it)
         self._lock = threading.Lock()
         self._done = False
         self._exc = None
@@ -79,11 +79,15 @@ class HarpWork(dist.Work):
             self._exc = exc
             self._done = True
             self._staged = []
-            self._handles_done = True
-        if exc is None:
-            self._fut.set_result(self._result)
+            fut = self._fut
+        if fut is not None:
+            self._complete(fut)
+
+    def _complete(self, fut):
+        if self._exc is None:
+            fut.set_result(self._result)
         else:
-            self._fut.set_exception(exc)
+            fut.set_exception(self._exc)
 
     def _run_to_completion(self):
         try:
@@ -126,7 +130,14 @@ class HarpWork(dist.Work):
         return self._exc
 
     def get_future(self):
-        return self._fut
+        with self._lock:
+            if self._fut is not None:
+                return self._fut
+            fut = self._fut = Future()
+            done = self._done
+        if done:  # _finish ran without a future: complete this one now (callbacks run here)
+            self._complete(fut)
+        return fut
 
     def result(self):
         self.wait()
