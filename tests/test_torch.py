@@ -17,8 +17,10 @@ import torch.distributed as dist  # noqa: E402
 import torch_check as tc  # noqa: E402
 from harness import run_ranks  # noqa: E402
 
+import harp  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYDIR = os.path.join(ROOT, "python")
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # the harp these tests import
 
 
 def _url(tmp_path, name="store"):
@@ -179,6 +181,8 @@ def test_cuda_absent_is_a_clear_error():
     from harp.torch._tensors import UnsupportedError, check_device
 
     class FakeCuda:
+        is_cpu = False
+
         class device:
             type = "cuda"
 
