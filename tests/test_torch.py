@@ -141,7 +141,7 @@ def test_entry_point_registers_without_import(tmp_path):
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: harp-entrypoint-test\nVersion: 0.0\n")
     (dist_info / "entry_points.txt").write_text(
-        "[torch.backends]\nharp = harp.torch._autoload:load\n")
+        "[torch.backends]\nharp = harp_torch_plugin:load\n")
     prog = textwrap.dedent(f"""
         import datetime, sys, torch, torch.distributed as dist
         assert "harp" in dist.Backend.backend_list, dist.Backend.backend_list

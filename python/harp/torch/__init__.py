@@ -4,7 +4,7 @@
     dist.init_process_group("harp")                  # or "cpu:harp,cuda:nccl", "cpu:harp,cuda:harp"
 
 No import is needed when harp is installed: its `torch.backends` entry point
-(harp.torch._autoload) registers the backend when torch is imported.
+(harp_torch_plugin:load) registers the backend when torch is imported.
 `import harp.torch` registers it too (needed when harp is used from a source
 tree without installing, e.g. PYTHONPATH=python).
 
