@@ -6,10 +6,11 @@ Every rank holds three communicators over the same loopback TCP: the default
 process group (backend "harp"), a gloo group (new_group(backend="gloo")), and a
 raw harp.Communicator (rendezvous through the same c10d store) called with
 numpy arrays, which is what HARP users call directly. For each message size
-the three are timed in turn, `--rounds` times, each round `iters` blocking
-float32 SUM allreduces after a warmup and a barrier; the per-round time is the
-mean over ranks, and the reported figure is the median round (the machine is
-shared, so rounds are interleaved to expose all three to the same load).
+the three are called in turn, call by call in rotating order (so all three
+see the same background load on a shared machine), `iters x --rounds` blocking
+float32 SUM allreduces each after a warmup and a barrier; each call is timed,
+and the figure is the median call time (min in parentheses), averaged over
+ranks.
 Results are checked once per size (every rank's input is rank+1).
 """
 from __future__ import annotations
@@ -67,18 +68,22 @@ def worker(rank, world, port, args, q):
             "torch+harp": lambda: dist.all_reduce(t),
             "torch+gloo": lambda: dist.all_reduce(t, group=gloo),
         }
-        times = {k: [] for k in calls}
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                for _ in range(3):
-                    fn()
-                dist.barrier(group=gloo)
+        # Calls are interleaved one by one, in rotating order, and timed one by one: the three paths see
+        # the same background load, and the median per path ignores the preempted outliers.
+        samples = {k: [] for k in calls}
+        names = list(calls)
+        for _ in range(3):
+            for fn in calls.values():
+                fn()
+        dist.barrier(group=gloo)
+        for i in range(iters * args.rounds):
+            for name in names[i % 3:] + names[:i % 3]:
+                fn = calls[name]
                 t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                times[name].append(avg((time.perf_counter() - t0) / iters * 1e6))
-        rows.append((nbytes, iters, ok, {k: statistics.median(v) for k, v in times.items()},
-                     {k: min(v) for k, v in times.items()}))
+                fn()
+                samples[name].append((time.perf_counter() - t0) * 1e6)
+        rows.append((nbytes, iters * args.rounds, ok, {k: avg(statistics.median(v)) for k, v in samples.items()},
+                     {k: avg(min(v)) for k, v in samples.items()}))
     raw.destroy()
     dist.destroy_process_group()
     if rank == 0:
@@ -111,9 +116,9 @@ def main():
         p.join(60)
     lines = [
         f"ranks {args.ranks}, float32 SUM allreduce, loopback TCP, {os.cpu_count()} CPUs, "
-        f"median of {args.rounds} interleaved rounds (min in parentheses), microseconds per call",
+        f"median (min) microseconds per call over `calls` calls per path, interleaved call by call",
         "",
-        "| size | iters | raw harp | torch+harp | torch overhead | torch+gloo | harp vs gloo | check |",
+        "| size | calls | raw harp | torch+harp | torch overhead | torch+gloo | harp vs gloo | check |",
         "|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for nbytes, iters, ok, med, mn in rows:
