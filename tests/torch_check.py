@@ -40,7 +40,7 @@ INT_T = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 
 def ops_for(dtype):
     if dtype == torch.bool:
-        return [R.SUM, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]  # torch maps bool SUM/PRODUCT like logical or/and
+        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]  # SUM = or, PRODUCT = and (like gloo)
     if dtype.is_complex:
         return [R.SUM, R.AVG]
     ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX]
@@ -95,8 +95,6 @@ def every_op(rank, size, url):
 
     for dt in DTYPES:
         for op in ops_for(dt):
-            if dt == torch.bool and op == R.SUM:
-                continue
             t = val(rank, n, dt)
             exp = expect_reduce([val(r, n, dt) for r in range(size)], op)
             if op == R.AVG and not (dt.is_floating_point or dt.is_complex):
@@ -368,6 +366,19 @@ def groups(rank, size, url):
     dist.all_reduce(t)
     if not torch.all(t == size):
         bad.append(f"rank {rank}: world allreduce after subgroup {t}")
+    # new_subgroups: one group per rank (size-1 groups work too)
+    cur, _ = dist.new_subgroups(group_size=1)
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=cur)
+    if not torch.all(t == rank):
+        bad.append(f"rank {rank}: size-1 subgroup allreduce {t}")
+    # split_group needs a bound accelerator device in torch 2.13 (for every backend): a clear torch error
+    try:
+        dist.split_group(split_ranks=[[0, 1]])
+        bad.append("split_group unexpectedly worked without a device")
+    except RuntimeError as e:
+        if "device" not in str(e).lower():
+            bad.append(f"split_group error: {e}")
     if rank in (0, 1):
         dist.destroy_process_group(sub)
     dist.destroy_process_group()
