@@ -81,7 +81,7 @@ def test_rendezvous_methods(method, tmp_path):
 
 def test_mixed_spec_routes_by_device(tmp_path):
     res = run_ranks(2, tc.mixed, _url(tmp_path), timeout=200)
-    assert res == [("ProcessGroupHarp", ["cuda"], True)] * 2
+    assert res == [("ProcessGroupHarp", ["cuda"], True, [], True)] * 2
 
 
 @pytest.mark.skipif(dist.is_nccl_available(), reason="checks the error on a torch without NCCL")
@@ -100,7 +100,8 @@ def test_local_errors_are_clear_and_group_survives(tmp_path):
     for r in res:
         assert r[0].startswith("ValueError: harp all_gather_into_tensor: output has 3 elements, expected 4"), r
         assert "device 'meta' are not supported" in r[1], r
-        assert r[2] is True
+        assert "sparse" in r[2].lower(), r
+        assert r[3] is True
 
 
 def test_mismatched_collective_raises_distbackenderror(tmp_path):

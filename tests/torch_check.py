@@ -418,6 +418,11 @@ def mixed(rank, size, url):
     dist.all_reduce(t)
     res = (type(pg).__name__, sorted(pg._other), torch.all(t == sum(r + 1 for r in range(size))).item())
     dist.destroy_process_group()
+    init(rank, size, url + ".b", backend="cpu:harp,cuda:harp")  # harp for both: one group, nothing else built
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    res += (sorted(dist.group.WORLD._other), torch.all(t == sum(r + 1 for r in range(size))).item())
+    dist.destroy_process_group()
     return res
 
 
@@ -466,7 +471,8 @@ def errors_local(rank, size, url):
     init(rank, size, url)
     msgs = []
     for fn in (lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
-               lambda: dist.all_reduce(torch.empty(2, device="meta"))):
+               lambda: dist.all_reduce(torch.empty(2, device="meta")),
+               lambda: dist.all_reduce(torch.eye(3).to_sparse())):
         try:
             fn()
             msgs.append("no error")

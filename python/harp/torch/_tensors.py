@@ -104,6 +104,8 @@ class Staged:
     __slots__ = ("orig", "host", "write_back", "stream", "dt", "mult")
 
     def __init__(self, t: torch.Tensor, *, read: bool, write: bool, reducing: bool = False, op: str = ""):
+        if t.layout != torch.strided:
+            raise UnsupportedError(f"harp {op}: {t.layout} tensors are not supported (dense tensors only)")
         self.orig = t
         self.dt, self.mult, widen = wire_dtype(t.dtype, reducing)
         self.stream = None
