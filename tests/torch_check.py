@@ -202,6 +202,33 @@ def every_op(rank, size, url):
     cm.wait()
     chk("coalesced all_gather_into_tensor", outs[0], torch.arange(size).float().repeat_interleave(3))
     chk("coalesced all_gather_into_tensor 2", outs[1], (torch.arange(size) * 10).float().repeat_interleave(2))
+    outs = [torch.empty(3), torch.empty(2)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(outs[0], torch.arange(3 * size).float() + rank)
+        dist.reduce_scatter_tensor(outs[1], torch.ones(2 * size) * rank)
+    cm.wait()
+    chk("coalesced reduce_scatter_tensor", outs[0],
+        sum(torch.arange(3 * size).float() + r for r in range(size))[3 * rank:3 * rank + 3])
+    chk("coalesced reduce_scatter_tensor 2", outs[1], torch.full((2,), float(sum(range(size)))))
+    # allgather_coalesced (the deprecated API still reaches the backend)
+    ol = [[torch.empty(2), torch.empty(3, dtype=torch.float32)] for _ in range(size)]
+    dist.all_gather_coalesced(ol, [torch.full((2,), float(rank)), torch.full((3,), rank + 0.5)])
+    for r in range(size):
+        chk(f"all_gather_coalesced {r}", torch.cat(ol[r]), torch.cat([torch.full((2,), float(r)),
+                                                                          torch.full((3,), r + 0.5)]))
+    # object collectives (broadcast, gather, scatter underneath)
+    lst = [rank, "x"] if rank == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    if lst != [1, "x"]:
+        bad.append(f"rank {rank}: broadcast_object_list {lst}")
+    got = [None] * size if rank == 0 else None
+    dist.gather_object({"r": rank}, got, dst=0)
+    if rank == 0 and got != [{"r": r} for r in range(size)]:
+        bad.append(f"gather_object {got}")
+    sc = [None]
+    dist.scatter_object_list(sc, [f"o{r}" for r in range(size)] if rank == 0 else None, src=0)
+    if sc != [f"o{rank}"]:
+        bad.append(f"rank {rank}: scatter_object_list {sc}")
     dist.barrier()
     # torch's dist.monitored_barrier() refuses every backend but gloo by name; the method is the group's
     dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=30), wait_all_ranks=True)
