@@ -20,8 +20,8 @@ from that source on the usual lane.
 
 Threading: ops may be issued from any thread (DDP issues from autograd
 threads); issue order on each communicator is the order of the calls, which
-torch keeps consistent across ranks. Works complete on per-lane Completer
-threads (see _work.py).
+torch keeps consistent across ranks. Blocking calls run inline on the
+calling thread; async works complete on Completer threads (see _work.py).
 """
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 
 A HarpWork holds the core's work handles for one torch call, the staged
 buffers to finish (copy-back of non-contiguous/CUDA outputs) and a
-torch.futures.Future. HARP completes work on its own worker thread; a
-per-process-group Completer thread waits for works in issue order (HARP
-completes a communicator's work in issue order) and then finishes them and
-completes their futures, so `get_future().then(...)` chains (DDP comm hooks,
-PowerSGD) run without anyone calling wait().
+torch.futures.Future (created up front for async calls, on demand for
+blocking ones, which finish inline). HARP completes async work on its own
+worker thread; Completer threads (one pool per HARP communicator) wait for
+works, finish them and complete their futures, so `get_future().then(...)`
+chains (DDP comm hooks, PowerSGD) run without anyone calling wait().
 
 wait() does not depend on the Completer: it waits on the HARP handles itself
 (the GIL is released while it blocks) and finishes the work; finishing is
