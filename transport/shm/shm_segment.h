@@ -77,8 +77,7 @@ struct CollFlags {
   alignas(kLine) std::atomic<uint64_t> ready;    // input chunk for step s copied in
   alignas(kLine) std::atomic<uint64_t> reduced;  // my slice of step s reduced
   alignas(kLine) std::atomic<uint64_t> done;     // finished reading everyone's step-s buffers
-  alignas(kLine) std::atomic<uint64_t> desc;     // collective descriptor (tag) of the current op
-  alignas(kLine) std::atomic<uint64_t> desc_step;  // step at which `desc` was published
+  alignas(kLine) std::atomic<uint64_t> desc[2];  // collective descriptor (tag) of the step in buffer b
 };
 
 struct Geometry {

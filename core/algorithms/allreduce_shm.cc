@@ -1,0 +1,131 @@
+// Allreduce through shared memory (all ranks on one host, shm transport).
+// Each rank owns two collective buffers of C bytes in its shm segment (the
+// shm transport's collective area, HARP_SHM_COLL_BYTES). The vector goes in
+// chunks of C bytes, alternating buffers so chunk k+1 is copied in while
+// others still read chunk k. Per chunk (step s, buffer b = s % 2):
+//   1. wait until every rank finished reading its buffers of step s-2;
+//   2. copy my input chunk into my buffer b, publish ready = s;
+//   3a. small chunks (<= HARP_SHM_DIRECT_BYTES): wait for every rank's
+//       ready, reduce all N buffers (order 0..N-1, so all ranks get bitwise
+//       identical results) straight into recvbuf; done.
+//   3b. otherwise: reduce my 1/N slice reading every rank's buffer, in place
+//       into my own buffer's slice, publish reduced = s; then copy every
+//       rank's reduced slice into recvbuf (reading their buffers directly).
+//   4. publish done = s.
+// Flags are monotonic step counters, one cache line each, written only by
+// their owner; waits spin briefly, yield, then sleep on the rank's futex
+// doorbell (ShmTransport::waitFor), checking aborts, dead peers and stray
+// messages (another collective => mismatch).
+// Cost per rank (n bytes, chunks in cache): read n + write n of memory, plus
+// (N-1)/N·n·gamma of reduction; 2 synchronizations per chunk (1 when small).
+// Restrictions: every peer reached by one ShmTransport with a collective area;
+// otherwise it runs the ring algorithm instead (and says so at INFO level).
+#include <cstring>
+
+#include "core/algorithms/registry.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "core/reduce.h"
+#include "transport/shm/shm_transport.h"
+
+namespace harp {
+
+namespace {
+transport::shm::ShmTransport* shmFor(Context& ctx) {
+  transport::shm::ShmTransport* t = nullptr;
+  for (int p = 0; p < ctx.size(); ++p) {
+    if (p == ctx.rank()) continue;
+    auto* s = dynamic_cast<transport::shm::ShmTransport*>(ctx.transportOf(p));
+    if (!s || (t && s != t)) return nullptr;
+    t = s;
+  }
+  return t && t->coversCommunicator() ? t : nullptr;
+}
+}  // namespace
+
+void allreduceShm(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const size_t es = ctx.elemSize(), bytes = a.count * es;
+  const int N = ctx.size(), me = ctx.rank();
+  if (N == 1 || a.count == 0) {
+    copyBytes(a.recvbuf, a.sendbuf, bytes);
+    return;
+  }
+  transport::shm::ShmTransport* t = shmFor(ctx);
+  if (!t) {
+    HARP_INFO("allreduce shm: not every rank is on the shm transport of this host; using ring");
+    return allreduceRing(ctx);
+  }
+  static const size_t kDirect = env::bytes("HARP_SHM_DIRECT_BYTES", 16 << 10);
+  // AVG reduces as SUM; the communicator divides once afterwards.
+  const ReduceOp rop = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
+  const size_t ce = t->collChunkBytes() / es;  // elements per chunk
+  const char* src = static_cast<const char*>(a.sendbuf);
+  char* dst = static_cast<char*>(a.recvbuf);
+  const uint64_t tag = ctx.tag();
+  const double tmo = ctx.timeout();
+  std::vector<transport::shm::CollFlags*> fl(N);
+  for (int q = 0; q < N; ++q) fl[q] = t->collFlags(q);
+  transport::shm::CollFlags* mine = fl[me];
+
+  for (size_t off = 0; off < a.count; off += ce) {
+    const size_t n = std::min(ce, a.count - off);
+    const uint64_t s = t->nextCollStep();
+    const int b = static_cast<int>(s & 1);
+    // 1. Buffer b is free once everyone finished step s-2.
+    if (s > 2)
+      t->waitFor([&] {
+        for (int q = 0; q < N; ++q)
+          if (fl[q]->done.load(std::memory_order_acquire) + 2 < s) return false;
+        return true;
+      }, tmo, "allreduce (shm): waiting for the ranks to release buffer " + std::to_string(b));
+    // 2. Copy in, publish.
+    uint8_t* my = t->collBuf(me, b);
+    std::memcpy(my, src + off * es, n * es);
+    mine->desc[b].store(tag, std::memory_order_relaxed);
+    mine->ready.store(s, std::memory_order_release);
+    t->wakeAll();
+    t->waitFor([&] {
+      for (int q = 0; q < N; ++q)
+        if (fl[q]->ready.load(std::memory_order_acquire) < s) return false;
+      return true;
+    }, tmo, "allreduce (shm): waiting for every rank's input");
+    for (int q = 0; q < N; ++q) {
+      uint64_t d = fl[q]->desc[b].load(std::memory_order_relaxed);
+      if (d != tag)
+        throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(me) + " and rank " +
+                                          std::to_string(q) + ": rank " + std::to_string(me) + " called " +
+                                          describeTag(tag) + ", rank " + std::to_string(q) + " called " +
+                                          describeTag(d));
+    }
+    if (n * es <= kDirect) {
+      // 3a. Everyone reduces the whole chunk, same operand order everywhere.
+      char* out = dst + off * es;
+      reduce(out, t->collBuf(0, b), t->collBuf(1, b), n, a.dtype, rop);
+      for (int q = 2; q < N; ++q) reduce(out, out, t->collBuf(q, b), n, a.dtype, rop);
+    } else {
+      // 3b. Reduce my slice in place in my buffer, then gather all slices.
+      Blocks bl{n, static_cast<size_t>(N)};
+      const size_t so = bl.offset(me) * es, sn = bl.size(me);
+      if (sn) {
+        for (int k = 1; k < N; ++k) {
+          int q = (me + k) % N;
+          reduce(my + so, my + so, t->collBuf(q, b) + so, sn, a.dtype, rop);
+        }
+      }
+      mine->reduced.store(s, std::memory_order_release);
+      t->wakeAll();
+      for (int k = 0; k < N; ++k) {
+        int q = (me + k) % N;
+        t->waitFor([&] { return fl[q]->reduced.load(std::memory_order_acquire) >= s; }, tmo,
+                   "allreduce (shm): waiting for rank " + std::to_string(q) + "'s reduced slice");
+        std::memcpy(dst + (off + bl.offset(q)) * es, t->collBuf(q, b) + bl.offset(q) * es, bl.size(q) * es);
+      }
+    }
+    // 4. Done reading everyone's buffer b for step s.
+    mine->done.store(s, std::memory_order_release);
+    t->wakeAll();
+  }
+}
+
+}  // namespace harp
