@@ -270,7 +270,7 @@ _MIXED = textwrap.dedent("""
         b = np.full(count, r, np.int32)
         c.broadcast(b, root=n - 1)
         ok.append(bool((b == n - 1).all()))
-        g = c.allgather(np.full(count, r, np.int64))
+        g = c.allgather(np.full(count, r, np.int64)).reshape(-1)
         ok.append(bool(all((g[q * count:(q + 1) * count] == q).all() for q in range(n))))
     c.barrier()
     algo = c.algorithm("allreduce", 1 << 20)
