@@ -20,6 +20,7 @@
 // (N-1)/N·n·gamma of reduction; 2 synchronizations per chunk (1 when small).
 // Restrictions: every peer reached by one ShmTransport with a collective area;
 // otherwise it runs the ring algorithm instead (and says so at INFO level).
+#include <cstdio>
 #include <cstring>
 
 #include "core/algorithms/registry.h"
@@ -68,28 +69,44 @@ void allreduceShm(Context& ctx) {
   for (int q = 0; q < N; ++q) fl[q] = t->collFlags(q);
   transport::shm::CollFlags* mine = fl[me];
 
+  // Wait until flag(q) >= s for every q in `ranks` (all when empty).
+  auto waitRanks = [&](std::atomic<uint64_t> transport::shm::CollFlags::*flag, uint64_t s, int only,
+                       const char* phase) {
+    auto behind = [&](int q) { return (fl[q]->*flag).load(std::memory_order_acquire) < s; };
+    t->waitFor(
+        [&] {
+          if (only >= 0) return !behind(only);
+          for (int q = 0; q < N; ++q)
+            if (behind(q)) return false;
+          return true;
+        },
+        tmo, "allreduce (shm)",
+        [&] {
+          std::string late;
+          for (int q = 0; q < N; ++q)
+            if ((only < 0 || q == only) && behind(q)) late += (late.empty() ? "" : ", ") + std::to_string(q);
+          char secs[32];
+          snprintf(secs, sizeof secs, "%g", tmo);
+          return describeTag(tag) + " on rank " + std::to_string(me) + " timed out after " + secs +
+                 " s waiting for rank(s) " + late + " (" + phase +
+                 "; a rank is stuck, dead, or did not call this collective)";
+        });
+  };
+  using F = transport::shm::CollFlags;
+
   for (size_t off = 0; off < a.count; off += ce) {
     const size_t n = std::min(ce, a.count - off);
     const uint64_t s = t->nextCollStep();
     const int b = static_cast<int>(s & 1);
     // 1. Buffer b is free once everyone finished step s-2.
-    if (s > 2)
-      t->waitFor([&] {
-        for (int q = 0; q < N; ++q)
-          if (fl[q]->done.load(std::memory_order_acquire) + 2 < s) return false;
-        return true;
-      }, tmo, "allreduce (shm): waiting for the ranks to release buffer " + std::to_string(b));
+    if (s > 2) waitRanks(&F::done, s - 2, -1, "shared buffer still in use");
     // 2. Copy in, publish.
     uint8_t* my = t->collBuf(me, b);
     std::memcpy(my, src + off * es, n * es);
     mine->desc[b].store(tag, std::memory_order_relaxed);
     mine->ready.store(s, std::memory_order_release);
     t->wakeAll();
-    t->waitFor([&] {
-      for (int q = 0; q < N; ++q)
-        if (fl[q]->ready.load(std::memory_order_acquire) < s) return false;
-      return true;
-    }, tmo, "allreduce (shm): waiting for every rank's input");
+    waitRanks(&F::ready, s, -1, "input not yet in shared memory");
     for (int q = 0; q < N; ++q) {
       uint64_t d = fl[q]->desc[b].load(std::memory_order_relaxed);
       if (d != tag)
@@ -117,8 +134,7 @@ void allreduceShm(Context& ctx) {
       t->wakeAll();
       for (int k = 0; k < N; ++k) {
         int q = (me + k) % N;
-        t->waitFor([&] { return fl[q]->reduced.load(std::memory_order_acquire) >= s; }, tmo,
-                   "allreduce (shm): waiting for rank " + std::to_string(q) + "'s reduced slice");
+        waitRanks(&F::reduced, s, q, "reduced slice not ready");
         std::memcpy(dst + (off + bl.offset(q)) * es, t->collBuf(q, b) + bl.offset(q) * es, bl.size(q) * es);
       }
     }

@@ -351,7 +351,8 @@ void ShmTransport::wakeAll() {
     }
 }
 
-void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, const std::string& what) {
+void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, const char* what,
+                           const std::function<std::string()>& timeout_msg) {
   if (cond()) return;
   Deadline dl = Deadline::after(timeout_s);
   auto failIfBroken = [&] {
@@ -371,7 +372,8 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       if (p->recvs_.empty() && !p->discard_ && p->slotReady()) {
         const SlotHdr* h = p->inSlot(p->rtail_);
         throw Error(Error::kMismatch, rankName(p->peer_) + " sent a message (tag " + hex64(h->tag) + ", " +
-                                          std::to_string(h->len) + " bytes) while this rank runs " + what +
+                                          std::to_string(h->len) + " bytes) while this rank runs " +
+                                          std::string(what) +
                                           ": the ranks are running different collectives");
       }
     }
@@ -388,8 +390,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       continue;
     }
     failIfBroken();
-    if (dl.passed())
-      throw Error(Error::kTimeout, "shm: timed out after " + std::to_string(timeout_s) + " s in " + what);
+    if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
     uint32_t d = h->doorbell.load(std::memory_order_acquire);
     h->sleeping.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);

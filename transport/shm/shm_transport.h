@@ -115,9 +115,11 @@ class ShmTransport : public Transport {
   // Wake every peer that sleeps.
   void wakeAll();
   // Wait until cond() holds: spin briefly, yield, then sleep on the doorbell.
-  // Checks aborts and peer death meanwhile; throws harp::Error (kPeerFailure,
-  // kTimeout naming `what`) instead of hanging.
-  void waitFor(const std::function<bool()>& cond, double timeout_s, const std::string& what);
+  // Checks aborts, peer death and stray messages meanwhile; throws harp::Error
+  // (kPeerFailure, kMismatch, or kTimeout with the text timeout_msg() returns)
+  // instead of hanging. `what` names the operation in error messages.
+  void waitFor(const std::function<bool()>& cond, double timeout_s, const char* what,
+               const std::function<std::string()>& timeout_msg);
 
  private:
   friend class ShmPair;
