@@ -4,12 +4,13 @@
 // chunks of C bytes, alternating buffers so chunk k+1 is copied in while
 // others still read chunk k. Per chunk (step s, buffer b = s % 2):
 //   1. wait until every rank finished reading its buffers of step s-2;
-//   2. copy my input chunk into my buffer b, publish ready = s;
+//   2. copy my input chunk into my buffer b (sliced mode: all but my own
+//      slice, which nobody else reads), publish ready = s;
 //   3a. small chunks (<= HARP_SHM_DIRECT_BYTES): wait for every rank's
 //       ready, reduce all N buffers (order 0..N-1, so all ranks get bitwise
 //       identical results) straight into recvbuf; done.
-//   3b. otherwise: reduce my 1/N slice reading every rank's buffer, in place
-//       into my own buffer's slice, publish reduced = s; then copy every
+//   3b. otherwise: reduce my 1/N slice (my send buffer + every other rank's
+//       buffer) into my own buffer's slice, publish reduced = s; then copy every
 //       rank's reduced slice into recvbuf (reading their buffers directly).
 //   4. publish done = s.
 // Flags are monotonic step counters, one cache line each, written only by
@@ -100,9 +101,19 @@ void allreduceShm(Context& ctx) {
     const int b = static_cast<int>(s & 1);
     // 1. Buffer b is free once everyone finished step s-2.
     if (s > 2) waitRanks(&F::done, s - 2, -1, "shared buffer still in use");
-    // 2. Copy in, publish.
+    // 2. Copy in, publish. (Sliced mode: my own slice is read by nobody else,
+    //    so it stays in my send buffer and is reduced from there.)
+    const bool direct = n * es <= kDirect;
+    Blocks bl{n, static_cast<size_t>(N)};
+    const size_t so = bl.offset(me) * es, sn = bl.size(me);
     uint8_t* my = t->collBuf(me, b);
-    std::memcpy(my, src + off * es, n * es);
+    const char* in = src + off * es;
+    if (direct) {
+      std::memcpy(my, in, n * es);
+    } else {
+      std::memcpy(my, in, so);
+      std::memcpy(my + so + sn * es, in + so + sn * es, n * es - so - sn * es);
+    }
     mine->desc[b].store(tag, std::memory_order_relaxed);
     mine->ready.store(s, std::memory_order_release);
     t->wakeAll();
@@ -115,20 +126,16 @@ void allreduceShm(Context& ctx) {
                                           describeTag(tag) + ", rank " + std::to_string(q) + " called " +
                                           describeTag(d));
     }
-    if (n * es <= kDirect) {
+    if (direct) {
       // 3a. Everyone reduces the whole chunk, same operand order everywhere.
       char* out = dst + off * es;
       reduce(out, t->collBuf(0, b), t->collBuf(1, b), n, a.dtype, rop);
       for (int q = 2; q < N; ++q) reduce(out, out, t->collBuf(q, b), n, a.dtype, rop);
     } else {
       // 3b. Reduce my slice in place in my buffer, then gather all slices.
-      Blocks bl{n, static_cast<size_t>(N)};
-      const size_t so = bl.offset(me) * es, sn = bl.size(me);
       if (sn) {
-        for (int k = 1; k < N; ++k) {
-          int q = (me + k) % N;
-          reduce(my + so, my + so, t->collBuf(q, b) + so, sn, a.dtype, rop);
-        }
+        reduce(my + so, in + so, t->collBuf((me + 1) % N, b) + so, sn, a.dtype, rop);
+        for (int k = 2; k < N; ++k) reduce(my + so, my + so, t->collBuf((me + k) % N, b) + so, sn, a.dtype, rop);
       }
       mine->reduced.store(s, std::memory_order_release);
       t->wakeAll();
