@@ -176,6 +176,8 @@ ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   cma_threshold_ = env::bytes("HARP_SHM_CMA_BYTES", 64 << 10);
   cma_piece_ = env::bytes("HARP_SHM_CMA_PIECE", 4 << 20);
   if (cma_piece_ == 0) cma_piece_ = 4 << 20;
+  spin_ns_ = static_cast<long>(env::real("HARP_SHM_SPIN_US", 2) * 1000);
+  yield_ns_ = static_cast<long>(env::real("HARP_SHM_YIELD_US", 1000) * 1000);
 
   seg_ = createSegment(geo_, &seg_how_);
   SegHeader* h = seg_.header();

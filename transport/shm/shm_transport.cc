@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "core/socket.h"
 
@@ -294,6 +295,20 @@ bool ShmTransport::anythingReady() {
 
 void ShmTransport::wait(int timeout_ms) {
   checkSockets();
+  // Poll with sched_yield first (HARP_SHM_YIELD_US): when ranks outnumber
+  // cores this hands the CPU to the rank we wait for and wakes up far faster
+  // than a futex round trip through the scheduler; then block.
+  if (yield_ns_ > 0 && timeout_ms > 0) {
+    const auto t0 = Clock::now();
+    const long limit = std::min<long>(yield_ns_, static_cast<long>(timeout_ms) * 1000000L);
+    for (unsigned it = 1;; ++it) {
+      if (anythingReady()) return;
+      sched_yield();
+      if ((it & 15) == 0 &&
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() >= limit)
+        break;
+    }
+  }
   SegHeader* h = seg_.header();
   uint32_t d = h->doorbell.load(std::memory_order_acquire);
   h->sleeping.store(1, std::memory_order_relaxed);
@@ -378,15 +393,26 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       }
     }
   };
+  // Spin (pause) for spin_us, then poll with sched_yield until yield_us, then
+  // sleep on the doorbell. Yielding keeps latency low when ranks outnumber
+  // cores (the rank we wait for gets the CPU); sleeping stops the burn when a
+  // peer is slow for long.
+  const long spin_ns = spin_ns_, yield_ns = yield_ns_;
   SegHeader* h = seg_.header();
-  for (unsigned spins = 0;; ++spins) {
-    if (cond()) return;
-    if (spins < 256) {
+  const auto t0 = Clock::now();
+  for (unsigned it = 1;; ++it) {
+    for (int i = 0; i < 16; ++i) {
+      if (cond()) return;
       cpuRelax();
-      continue;
     }
-    if (spins < 320) {
+    long ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    if (ns < spin_ns) continue;
+    if (ns < yield_ns) {
       sched_yield();
+      if ((it & 255) == 0) {
+        checkSockets();
+        failIfBroken();
+      }
       continue;
     }
     failIfBroken();
@@ -397,7 +423,6 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
     if (!cond()) futexWait(&h->doorbell, d, std::max(1, std::min(100, dl.remainingMs())));
     h->sleeping.store(0, std::memory_order_relaxed);
     checkSockets();
-    spins = 200;  // after a sleep, spin a little, then sleep again
   }
 }
 

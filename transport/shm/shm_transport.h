@@ -142,6 +142,8 @@ class ShmTransport : public Transport {
   size_t cma_piece_ = 0;
   std::vector<std::unique_ptr<ShmPair>> pairs_;  // by rank
   std::vector<ShmPair*> active_;                  // connected pairs
+  long spin_ns_ = 0;    // waitFor: pause-polling time (HARP_SHM_SPIN_US)
+  long yield_ns_ = 0;   // wait/waitFor: sched_yield-polling time before sleeping (HARP_SHM_YIELD_US)
   uint64_t coll_step_ = 0;
   uint32_t poll_counter_ = 0;
 
