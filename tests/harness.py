@@ -37,8 +37,8 @@ def _child(fn, rank, size, uid_hex, env, q, args):
         q.join_thread()
 
 
-def start_ranks(n, fn, *args, env=None):
-    uid = harp.get_unique_id()
+def start_ranks(n, fn, *args, env=None, uid=None):
+    uid = uid or harp.get_unique_id("127.0.0.1:0")  # local ranks: keep traffic on loopback
     q = _ctx.Queue()
     procs = [_ctx.Process(target=_child, args=(fn, r, n, uid.hex(), env, q, args), daemon=True) for r in range(n)]
     for p in procs:
@@ -78,6 +78,6 @@ def collect(procs, q, timeout=120, allow_errors=False):
     return [out[r] for r in range(n)]
 
 
-def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False):
-    procs, q = start_ranks(n, fn, *args, env=env)
+def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False, uid=None):
+    procs, q = start_ranks(n, fn, *args, env=env, uid=uid)
     return collect(procs, q, timeout, allow_errors)

@@ -188,7 +188,7 @@ def test_abort_reaches_waiting_ranks():
 
 # ---------------------------------------------------------------------------- bootstrap
 def test_connection_without_the_secret_is_refused(capfd):
-    uid = harp.get_unique_id()
+    uid = harp.get_unique_id("127.0.0.1:0")
     host, port = uid.address.rsplit(":", 1)
     # A plain socket that sends garbage instead of the secret is dropped and logged...
     with socket.create_connection((host, int(port)), timeout=5) as s:
@@ -219,7 +219,7 @@ def test_bad_unique_id_and_rank_arguments():
         harp.Communicator(0, 2, b"short")
     with pytest.raises(harp.InvalidArgumentError, match="magic"):
         harp.Communicator(0, 2, b"x" * 128)
-    uid = harp.get_unique_id()
+    uid = harp.get_unique_id("127.0.0.1:0")
     with pytest.raises(harp.InvalidArgumentError, match="out of range"):
         harp.Communicator(3, 2, uid)
 
