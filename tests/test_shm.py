@@ -39,11 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _orig_start = harness.start_ranks
 
 
-def _start_on_shm(n, fn, *args, env=None):
+def _start_on_shm(n, fn, *args, env=None, **kw):
     e = dict(env or {})
     if e.get("HARP_TRANSPORT") == "tcp":
         e["HARP_TRANSPORT"] = "shm"
-    return _orig_start(n, fn, *args, env=e)
+    return _orig_start(n, fn, *args, env=e, **kw)
 
 
 def _on_shm(f):

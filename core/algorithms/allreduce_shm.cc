@@ -3,8 +3,11 @@
 // shm transport's collective area, HARP_SHM_COLL_BYTES). The vector goes in
 // chunks of C bytes, alternating buffers so chunk k+1 is copied in while
 // others still read chunk k. Per chunk (step s, buffer b = s % 2):
-//   1. wait until every rank finished reading its buffers of step s-2;
-//   2. copy my input chunk into my buffer b (sliced mode: all but my own
+//   (buffer reuse needs no flag: a rank that arrived at step s-1 is done
+//   with everything of step s-2, and every step waits for all arrivals)
+//   1. inputs of <= 48 bytes: data + descriptor + step flag in one cache line
+//      per rank (TinySlot); everyone reduces all N in rank order; done.
+//   2. otherwise copy my input chunk into my buffer b (sliced mode: all but my own
 //      slice, which nobody else reads), publish ready = s;
 //   3a. small chunks (<= HARP_SHM_DIRECT_BYTES): wait for every rank's
 //       ready, reduce all N buffers (order 0..N-1, so all ranks get bitwise
@@ -12,13 +15,13 @@
 //   3b. otherwise: reduce my 1/N slice (my send buffer + every other rank's
 //       buffer) into my own buffer's slice, publish reduced = s; then copy every
 //       rank's reduced slice into recvbuf (reading their buffers directly).
-//   4. publish done = s.
 // Flags are monotonic step counters, one cache line each, written only by
 // their owner; waits spin briefly, yield, then sleep on the rank's futex
 // doorbell (ShmTransport::waitFor), checking aborts, dead peers and stray
 // messages (another collective => mismatch).
 // Cost per rank (n bytes, chunks in cache): read n + write n of memory, plus
-// (N-1)/N·n·gamma of reduction; 2 synchronizations per chunk (1 when small).
+// (N-1)/N·n·gamma of reduction; 2 synchronizations per chunk (1 when small),
+// one cache line per rank when tiny.
 // Restrictions: every peer reached by one ShmTransport with a collective area;
 // otherwise it runs the ring algorithm instead (and says so at INFO level).
 #include <cstdio>
@@ -95,19 +98,66 @@ void allreduceShm(Context& ctx) {
   };
   using F = transport::shm::CollFlags;
 
+  // Quick inline poll before the general wait (which spins, yields, sleeps).
+  auto arrived = [&](auto&& cond) {
+    for (int i = 0; i < 64; ++i) {
+      if (cond()) return true;
+      transport::shm::cpuRelax();
+    }
+    return false;
+  };
+  auto checkDesc = [&](int q, uint64_t d) {
+    if (d != tag)
+      throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(me) + " and rank " +
+                                        std::to_string(q) + ": rank " + std::to_string(me) + " called " +
+                                        describeTag(tag) + ", rank " + std::to_string(q) + " called " +
+                                        describeTag(d));
+  };
+
+  // Buffer reuse needs no extra flag: a rank that arrived at step s-1 has
+  // finished everything of step s-2, and every step waits for all arrivals.
   for (size_t off = 0; off < a.count; off += ce) {
     const size_t n = std::min(ce, a.count - off);
     const uint64_t s = t->nextCollStep();
     const int b = static_cast<int>(s & 1);
-    // 1. Buffer b is free once everyone finished step s-2.
-    if (s > 2) waitRanks(&F::done, s - 2, -1, "shared buffer still in use");
-    // 2. Copy in, publish. (Sliced mode: my own slice is read by nobody else,
-    //    so it stays in my send buffer and is reduced from there.)
+    const char* in = src + off * es;
+    char* out = dst + off * es;
+
+    if (n * es <= sizeof(transport::shm::TinySlot::data)) {
+      // Tiny: data, descriptor and flag in one cache line per rank.
+      transport::shm::TinySlot& ts = mine->tiny[b];
+      std::memcpy(ts.data, in, n * es);
+      ts.desc = tag;
+      ts.step.store(s, std::memory_order_release);
+      t->wakeAll();
+      auto all = [&] {
+        for (int q = 0; q < N; ++q)
+          if (fl[q]->tiny[b].step.load(std::memory_order_acquire) < s) return false;
+        return true;
+      };
+      if (!arrived(all))
+        t->waitFor(all, tmo, "allreduce (shm)", [&] {
+          std::string late;
+          for (int q = 0; q < N; ++q)
+            if (fl[q]->tiny[b].step.load() < s) late += (late.empty() ? "" : ", ") + std::to_string(q);
+          return describeTag(tag) + " on rank " + std::to_string(me) + " timed out after " +
+                 std::to_string(static_cast<int>(tmo)) + " s waiting for rank(s) " + late +
+                 " (a rank is stuck, dead, or did not call this collective)";
+        });
+      for (int q = 0; q < N; ++q) checkDesc(q, fl[q]->tiny[b].desc);
+      uint8_t tmp[sizeof(transport::shm::TinySlot::data)];
+      reduce(tmp, fl[0]->tiny[b].data, fl[1]->tiny[b].data, n, a.dtype, rop);
+      for (int q = 2; q < N; ++q) reduce(tmp, tmp, fl[q]->tiny[b].data, n, a.dtype, rop);
+      std::memcpy(out, tmp, n * es);
+      continue;
+    }
+
+    // Copy in, publish. (Sliced mode: my own slice is read by nobody else,
+    // so it stays in my send buffer and is reduced from there.)
     const bool direct = n * es <= kDirect;
     Blocks bl{n, static_cast<size_t>(N)};
     const size_t so = bl.offset(me) * es, sn = bl.size(me);
     uint8_t* my = t->collBuf(me, b);
-    const char* in = src + off * es;
     if (direct) {
       std::memcpy(my, in, n * es);
     } else {
@@ -117,37 +167,32 @@ void allreduceShm(Context& ctx) {
     mine->desc[b].store(tag, std::memory_order_relaxed);
     mine->ready.store(s, std::memory_order_release);
     t->wakeAll();
-    waitRanks(&F::ready, s, -1, "input not yet in shared memory");
-    for (int q = 0; q < N; ++q) {
-      uint64_t d = fl[q]->desc[b].load(std::memory_order_relaxed);
-      if (d != tag)
-        throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(me) + " and rank " +
-                                          std::to_string(q) + ": rank " + std::to_string(me) + " called " +
-                                          describeTag(tag) + ", rank " + std::to_string(q) + " called " +
-                                          describeTag(d));
-    }
+    auto allReady = [&] {
+      for (int q = 0; q < N; ++q)
+        if (fl[q]->ready.load(std::memory_order_acquire) < s) return false;
+      return true;
+    };
+    if (!arrived(allReady)) waitRanks(&F::ready, s, -1, "input not yet in shared memory");
+    for (int q = 0; q < N; ++q) checkDesc(q, fl[q]->desc[b].load(std::memory_order_relaxed));
     if (direct) {
-      // 3a. Everyone reduces the whole chunk, same operand order everywhere.
-      char* out = dst + off * es;
+      // Everyone reduces the whole chunk, same operand order everywhere.
       reduce(out, t->collBuf(0, b), t->collBuf(1, b), n, a.dtype, rop);
       for (int q = 2; q < N; ++q) reduce(out, out, t->collBuf(q, b), n, a.dtype, rop);
-    } else {
-      // 3b. Reduce my slice in place in my buffer, then gather all slices.
-      if (sn) {
-        reduce(my + so, in + so, t->collBuf((me + 1) % N, b) + so, sn, a.dtype, rop);
-        for (int k = 2; k < N; ++k) reduce(my + so, my + so, t->collBuf((me + k) % N, b) + so, sn, a.dtype, rop);
-      }
-      mine->reduced.store(s, std::memory_order_release);
-      t->wakeAll();
-      for (int k = 0; k < N; ++k) {
-        int q = (me + k) % N;
-        waitRanks(&F::reduced, s, q, "reduced slice not ready");
-        std::memcpy(dst + (off + bl.offset(q)) * es, t->collBuf(q, b) + bl.offset(q) * es, bl.size(q) * es);
-      }
+      continue;
     }
-    // 4. Done reading everyone's buffer b for step s.
-    mine->done.store(s, std::memory_order_release);
+    // Sliced: reduce my slice into my buffer, then gather all slices.
+    if (sn) {
+      reduce(my + so, in + so, t->collBuf((me + 1) % N, b) + so, sn, a.dtype, rop);
+      for (int k = 2; k < N; ++k) reduce(my + so, my + so, t->collBuf((me + k) % N, b) + so, sn, a.dtype, rop);
+    }
+    mine->reduced.store(s, std::memory_order_release);
     t->wakeAll();
+    for (int k = 0; k < N; ++k) {
+      int q = (me + k) % N;
+      if (!arrived([&] { return fl[q]->reduced.load(std::memory_order_acquire) >= s; }))
+        waitRanks(&F::reduced, s, q, "reduced slice not ready");
+      std::memcpy(dst + (off + bl.offset(q)) * es, t->collBuf(q, b) + bl.offset(q) * es, bl.size(q) * es);
+    }
   }
 }
 

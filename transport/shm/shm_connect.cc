@@ -164,7 +164,10 @@ ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   for (int r = 0; r < info_.size; ++r)
     if (r < static_cast<int>(peers_.size()) && peers_[r].host_id == me) local_of_[r] = nlocal_++;
   geo_.nlocal = nlocal_;
-  geo_.nslots = static_cast<uint32_t>(env::integer("HARP_SHM_SLOTS", 32));
+  // 32 slots per ring up to 8 ranks per host, fewer beyond (memory grows with
+  // the square of the local rank count); at least 8.
+  const long def_slots = std::max(8, std::min(32, 256 / std::max(1, nlocal_)));
+  geo_.nslots = static_cast<uint32_t>(env::integer("HARP_SHM_SLOTS", def_slots));
   geo_.slot_bytes = static_cast<uint32_t>(env::bytes("HARP_SHM_SLOT_BYTES", 16384));
   if (geo_.nslots < 2 || geo_.nslots > 65536)
     throw InvalidArgument("HARP_SHM_SLOTS=" + std::to_string(geo_.nslots) + " must be in 2..65536");

@@ -73,11 +73,19 @@ inline const uint8_t* payload(const SlotHdr* h) { return reinterpret_cast<const 
 
 // Flags of the intra-host collective area (allreduce_shm). Monotonic step
 // counters, each written only by the owner, each on its own line.
+// A step's input that fits in one cache line travels with its flag and
+// descriptor: readers poll the very line that holds the data.
+struct TinySlot {
+  std::atomic<uint64_t> step;  // step s whose data this is (written last)
+  uint64_t desc;
+  uint8_t data[kLine - 16];
+};
+static_assert(sizeof(TinySlot) == kLine);
 struct CollFlags {
   alignas(kLine) std::atomic<uint64_t> ready;    // input chunk for step s copied in
   alignas(kLine) std::atomic<uint64_t> reduced;  // my slice of step s reduced
-  alignas(kLine) std::atomic<uint64_t> done;     // finished reading everyone's step-s buffers
   alignas(kLine) std::atomic<uint64_t> desc[2];  // collective descriptor (tag) of the step in buffer b
+  alignas(kLine) TinySlot tiny[2];               // steps whose input is <= 48 bytes
 };
 
 struct Geometry {
