@@ -60,7 +60,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-b", default="8")
     ap.add_argument("-e", default="64M")
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-iters", dest="max_iters", type=int, default=200, help="calls per batch for small sizes")
     ap.add_argument("--libs", default="harp,mpi,gloo")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -118,7 +119,7 @@ def main():
             exp = (np.arange(count) % 13) * n + n * (n - 1) / 2
             ok[lib] = bool(comm.allreduce(int(np.array_equal(x, exp.astype(np.float32))), op=MPI.MIN))
         x = np.zeros(count, np.float32)
-        iters = int(max(2, min(2000, (4 << 20) // size)))
+        iters = int(max(2, min(a.max_iters, (1 << 20) // size)))
         for lib in libs:  # warm up
             for _ in range(max(1, iters // 4)):
                 impl[lib](x)

@@ -176,7 +176,7 @@ ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
                           " must be a multiple of 64 between 256 and 64M");
   size_t coll = env::bytes("HARP_SHM_COLL_BYTES", 256 << 10);
   geo_.coll_chunk = alignUp(coll, 4096);
-  cma_threshold_ = env::bytes("HARP_SHM_CMA_BYTES", 64 << 10);
+  cma_threshold_ = env::bytes("HARP_SHM_CMA_BYTES", 256 << 10);
   cma_piece_ = env::bytes("HARP_SHM_CMA_PIECE", 4 << 20);
   if (cma_piece_ == 0) cma_piece_ = 4 << 20;
   spin_ns_ = static_cast<long>(env::real("HARP_SHM_SPIN_US", 2) * 1000);
