@@ -108,10 +108,10 @@ void allreduceShm(Context& ctx) {
   };
   auto checkDesc = [&](int q, uint64_t d) {
     if (d != tag)
-      throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(me) + " and rank " +
-                                        std::to_string(q) + ": rank " + std::to_string(me) + " called " +
-                                        describeTag(tag) + ", rank " + std::to_string(q) + " called " +
-                                        describeTag(d));
+      throw Error(Error::kMismatch, "rank " + std::to_string(q) + " called " + describeTag(d) + " while rank " +
+                                        std::to_string(me) + " called " + describeTag(tag) +
+                                        ": collective mismatch between rank " + std::to_string(me) + " and rank " +
+                                        std::to_string(q));
   };
 
   // Buffer reuse needs no extra flag: a rank that arrived at step s-1 has
