@@ -153,6 +153,8 @@ void Context::sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* 
   waitAll({s, r});
 }
 
+transport::Transport* Context::transportOf(int peer) const { return comm_.transport_of_.at(peer); }
+
 void* Context::scratch(size_t bytes) {
   if (comm_.scratch_.size() < bytes) comm_.scratch_.resize(bytes);
   return comm_.scratch_.data();

@@ -51,6 +51,13 @@ class Context {
   // Pipelining segment size in bytes (HARP_SEGMENT_BYTES, default 512K).
   size_t segmentBytes() const;
 
+  // For transport-specific algorithms (e.g. allreduce_shm, which reaches the
+  // shm transport's shared buffers via dynamic_cast): the transport serving
+  // `peer` (nullptr for this rank), this collective's tag and timeout.
+  transport::Transport* transportOf(int peer) const;
+  uint64_t tag() const { return tag_; }
+  double timeout() const { return timeout_s_; }
+
  private:
   void check(Request* r);
   Communicator& comm_;

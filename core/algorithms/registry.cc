@@ -9,6 +9,7 @@ const Algorithm kAlgorithms[] = {
     {CollType::kAllreduce, "ring", allreduceRing},
     {CollType::kAllreduce, "halving_doubling", allreduceHalvingDoubling},
     {CollType::kAllreduce, "recursive_doubling", allreduceRecursiveDoubling},
+    {CollType::kAllreduce, "shm", allreduceShm},
     {CollType::kBroadcast, "binomial", broadcastBinomial},
     {CollType::kBroadcast, "pipeline", broadcastPipeline},
     {CollType::kReduce, "binomial", reduceBinomial},

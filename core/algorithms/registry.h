@@ -31,6 +31,7 @@ std::string algorithmList(CollType c);  // "ring, halving_doubling, ..."
 void allreduceRing(Context&);
 void allreduceHalvingDoubling(Context&);
 void allreduceRecursiveDoubling(Context&);
+void allreduceShm(Context&);  // shm transport only (allreduce_shm.cc)
 void broadcastBinomial(Context&);
 void broadcastPipeline(Context&);
 void reduceBinomial(Context&);
