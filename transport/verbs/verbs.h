@@ -3,11 +3,12 @@
 // One VerbsTransport per communicator: a device context, a protection domain,
 // one completion queue (with a completion channel for blocking) shared by all
 // pairs, a memory registration cache, and one reliable-connected queue pair
-// per peer (VerbsPair). The wire protocol is in PROTOCOL.md; in short, every
-// irecv sends the peer a "ready to receive" (RTR) control message naming the
-// registered destination (addr, rkey, tag, len); the sender matches RTRs to
-// its isends in order and moves the bytes with RDMA WRITE WITH IMMEDIATE, whose
-// immediate completes the receive on the receiver's side.
+// per peer (VerbsPair). The wire protocol is in PROTOCOL.md; in short, small
+// messages are RDMA-written WITH IMMEDIATE (header + payload) into a per-peer
+// eager ring on the receiver; large ones go by rendezvous: the receiver's
+// irecv sends "ready to receive" (RTR: addr, rkey, tag, len), the sender checks
+// it and RDMA-writes straight into the user buffer, the last write WITH
+// IMMEDIATE, whose completion on the receiver completes the irecv.
 //
 // Threading: one driving thread at a time (progress, wait, isend, irecv hold
 // drive_mu_ only in progress/wait); abort() may come from any thread — it
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 
 // Published through the bootstrap for one peer (localAddress).
 struct Blob {
-  char magic[8];          // "HARPIBV1"
+  char magic[8];          // "HARPIBV2"
   uint64_t comm_id;
   uint32_t rank;          // publisher
   uint32_t qpn;
@@ -50,46 +51,64 @@ struct Blob {
   uint8_t gid[16];
   uint32_t mtu;           // ibv_mtu enum of the publisher's active MTU
   uint32_t credits;       // receive WQEs the publisher grants for credited messages
-  uint64_t ka_addr;       // a small region peers may write 0 bytes to (keepalive)
+  uint64_t ka_addr;       // a small region peers may write to (keepalive)
   uint32_t ka_rkey;
-  uint32_t reserved;
+  uint32_t eager_rkey;    // the publisher's eager ring for this peer
+  uint64_t eager_addr;
+  uint32_t eager_slots;
+  uint32_t eager_slot_bytes;  // header + payload
   char device[32];
 };
 
 enum CtrlKind : uint32_t {
   kHello = 0x48490001,     // uncredited; first message on a pair
-  kRtr = 0x48490002,       // credited; receiver -> sender: a posted receive
-  kMismatch = 0x48490003,  // credited; sender -> receiver: the RTR did not match
+  kRtr = 0x48490002,       // credited; receiver -> sender: receive #seq is posted at addr/rkey
+  kMismatch = 0x48490003,  // uncredited notice; tag/len of the side that found a mismatch
   kCredit = 0x48490004,    // uncredited; returns credits
-  kAbort = 0x48490005,     // uncredited; communicator aborted (text)
-  kBye = 0x48490006,       // uncredited; communicator destroyed
+  kAbort = 0x48490005,     // uncredited notice; communicator aborted (text)
+  kBye = 0x48490006,       // uncredited notice; communicator destroyed
+  kRts = 0x48490007,       // credited; sender -> receiver: message #seq (tag, len) is rendezvous
 };
 
 constexpr size_t kCtrlSize = 256;
 struct Ctrl {
   uint32_t kind;
-  uint32_t credits;   // credits returned to the receiver of this message
-  uint64_t seq;       // message number on this pair and direction
+  uint32_t credits;        // receive-WQE credits returned to the receiver of this message
+  uint64_t seq;            // message number on this pair and direction
   uint64_t tag;
   uint64_t len;
-  uint64_t addr;
+  uint64_t addr;           // kRtr: destination; kMismatch: 1 if sent by the receiving side
   uint32_t rkey;
   uint32_t rank;
   uint64_t comm_id;
-  char text[kCtrlSize - 56];
+  uint32_t eager_credits;  // eager-ring slots returned
+  uint32_t pad;
+  char text[kCtrlSize - 64];
 };
 static_assert(sizeof(Ctrl) == kCtrlSize);
 
-// wr_id layout: kind (8 bits) | pair index (24 bits) | slot (32 bits).
-enum WrKind : uint64_t { kWrRecv = 1, kWrCtrl = 2, kWrWrite = 3, kWrKeepalive = 4 };
+// Eager slot layout: header, then up to eager_slot_bytes - sizeof(EagerHdr) bytes.
+struct EagerHdr {
+  uint64_t seq;
+  uint64_t tag;
+  uint64_t len;
+  uint64_t pad;
+};
+
+// Immediate data: eager writes carry kImmEager | ring slot; rendezvous writes
+// carry the message number's low 31 bits.
+constexpr uint32_t kImmEager = 0x80000000u;
+
+// wr_id layout: kind (8 bits) | pair index (24 bits) | generation (8) | slot (24).
+enum WrKind : uint64_t { kWrRecv = 1, kWrCtrl = 2, kWrWrite = 3, kWrKeepalive = 4, kWrEager = 5 };
 inline uint64_t wrId(WrKind k, uint32_t pair, uint32_t slot) {
   return (static_cast<uint64_t>(k) << 56) | (static_cast<uint64_t>(pair & 0xffffff) << 32) | slot;
 }
 
 class VerbsTransport;
 
-// A matched isend being written: chunks go out as plain RDMA WRITEs, the last
-// one WITH IMMEDIATE.
+// A rendezvous send whose RTR arrived: chunks go out as plain RDMA WRITEs,
+// the last one WITH IMMEDIATE.
 struct SendOp {
   Request* req;
   MrEntry* mr;
@@ -104,10 +123,16 @@ struct SendOp {
 // What one send-queue entry was, in posting order (completions arrive in that order).
 struct SqEntry {
   WrKind kind;
-  uint32_t slot;          // ctrl buffer slot (kWrCtrl)
+  uint32_t slot;          // ctrl buffer slot (kWrCtrl), staging slot (kWrEager)
   SendOp* op;             // kWrWrite
   bool notice;            // an abort/bye/mismatch notice: closing waits for it
   uint32_t ctrl_kind;     // kWrCtrl: which control message
+};
+
+struct RecvEntry {
+  Request* req;
+  MrEntry* mr;            // registered destination (rendezvous receives)
+  bool rtr_sent;
 };
 
 class VerbsPair : public Pair {
@@ -126,12 +151,14 @@ class VerbsPair : public Pair {
   bool helloFailed() const { return hello_failed_; }
 
   // Driving.
-  bool pump();                                // post what credits and SQ slots allow
+  bool pump();                                // post what credits and slots allow
   void onSendCompletion(const ibv_wc& wc);
   void onRecvCompletion(const ibv_wc& wc);
   bool keepaliveDue(Clock::time_point now) const;
   void keepalive(Clock::time_point now);
-  bool busy() const { return !sendq_.empty() || !recvq_.empty() || !ops_.empty(); }
+  bool busy() const {
+    return !sendq_.empty() || !waiting_rtr_.empty() || !ops_.empty() || !recvs_.empty() || eager_inflight_ > 0;
+  }
 
   // Failure.
   void closeWithNotice(CtrlKind kind, const std::string& text, const std::string& why,
@@ -144,16 +171,24 @@ class VerbsPair : public Pair {
 
   std::string who() const;
   int peer() const { return peer_; }
-  ibv_qp* qp() const { return qp_; }
 
  private:
   friend class VerbsTransport;
-  void bringUp();                             // INIT, receives, RTR, RTS, hello
+  void bringUp();
   bool postCtrl(const Ctrl& c, bool credited, bool notice);
   bool postRecv(uint32_t slot);
-  void matchSends();
+  bool announce(Request* r);                  // eager write or RTS for the oldest unsent message
+  bool postEager(Request* r);
+  void onRtr(const Ctrl& c);
+  void startRendezvous(Request* r, const Ctrl& rtr);
   bool postWrites(SendOp* op);
   void finishSends();
+  void onEagerData(uint32_t slot);
+  void deliverEager(uint64_t seq, uint32_t slot, RecvEntry& e);
+  void onRts(const Ctrl& c);
+  bool checkHeader(uint64_t seq, uint64_t tag, uint64_t len, RecvEntry& e);
+  void sendRtr(uint64_t seq, RecvEntry& e);
+  void onMismatchNotice(const Ctrl& c);
   void protocolError(const std::string& what);
 
   VerbsTransport* t_;
@@ -163,11 +198,20 @@ class VerbsPair : public Pair {
   uint32_t psn_ = 0;
   Blob remote_{};
 
-  // Registered buffers: receive ring (R + reserve slots) and ctrl send slots.
+  // Registered buffers: control receive ring and send slots; eager rings.
   std::vector<Ctrl> rx_, tx_;
   ibv_mr* rx_mr_ = nullptr;
   ibv_mr* tx_mr_ = nullptr;
   std::vector<uint32_t> tx_free_;
+  std::vector<char> eager_rx_, eager_tx_;     // this side's ring (peer writes) / staging
+  ibv_mr* eager_rx_mr_ = nullptr;
+  ibv_mr* eager_tx_mr_ = nullptr;
+  std::vector<Request*> eager_req_;           // by staging slot: the send it carries
+  uint32_t eager_tx_next_ = 0;                // staging slot (= remote slot) of the next eager send
+  int eager_credits_ = 0;                     // free slots in the peer's ring
+  int eager_to_return_ = 0;                   // slots of ours consumed, not yet returned
+  int eager_inflight_ = 0;
+  uint32_t eager_rx_next_ = 0;                // next slot the peer will write (for checking)
 
   // Flow control.
   int credits_ = 0;          // credited messages we may still send to the peer
@@ -176,14 +220,18 @@ class VerbsPair : public Pair {
   std::deque<SqEntry> sq_;   // posted, not completed
   std::deque<Ctrl> ctrl_out_;  // credited ctrl messages waiting for credits/slots
 
-  // Matching state.
-  uint64_t send_seq_ = 0;    // next isend's number
-  uint64_t recv_seq_ = 0;    // next irecv's number
-  std::deque<Request*> sendq_;   // isends not yet matched to an RTR
-  std::deque<Ctrl> rtrs_;        // RTRs not yet matched to an isend
-  std::deque<std::unique_ptr<SendOp>> ops_;  // matched sends, in order
-  std::deque<Request*> recvq_;   // irecvs in posting order (RTR sent or queued)
-  std::deque<MrEntry*> recv_mrs_;  // parallel to recvq_
+  // Sending side.
+  uint64_t send_seq_ = 0;                     // next isend's number
+  std::deque<Request*> sendq_;                // not yet announced
+  std::map<uint64_t, Request*> waiting_rtr_;  // rendezvous sends announced, no RTR yet
+  std::map<uint64_t, Ctrl> early_rtrs_;       // RTRs for sends not yet announced
+  std::deque<std::unique_ptr<SendOp>> ops_;   // rendezvous writes, in posting order
+
+  // Receiving side.
+  uint64_t recv_seq_ = 0;                     // next irecv's number
+  std::map<uint64_t, RecvEntry> recvs_;       // posted, not complete
+  std::deque<std::pair<uint64_t, uint32_t>> unexpected_eager_;  // (seq, slot) before the irecv
+  std::map<uint64_t, Ctrl> early_rts_;        // RTS before the irecv
 
   uint32_t gen_ = 0;         // bumped by resetForRetry; stale completions are ignored
   bool hello_sent_ = false, hello_recv_ = false, hello_failed_ = false;
@@ -230,6 +278,8 @@ class VerbsTransport : public Transport {
   int sq_depth_;        // HARP_IB_SQ_DEPTH: send WRs in flight per pair
   size_t max_chunk_;    // largest single RDMA WRITE
   int ka_ms_;           // HARP_IB_KEEPALIVE_MS
+  size_t eager_max_;    // HARP_IB_EAGER: largest message sent eagerly
+  int eager_slots_;     // HARP_IB_EAGER_SLOTS: eager ring slots per peer
   uint8_t qp_timeout_;  // HARP_IB_TIMEOUT (4.096 us * 2^x per retry)
   uint8_t retry_cnt_;   // HARP_IB_RETRY_CNT
 

@@ -1,8 +1,10 @@
 // transport/verbs/verbs_pair.cc — one reliable-connected queue pair to one peer:
-// setup, the RTR / RDMA-WRITE-WITH-IMMEDIATE message protocol, credits, failure.
+// setup (QP states, hello), posting primitives, credits, completion dispatch,
+// keepalive, failure. The message protocol (eager / rendezvous) is in
+// verbs_protocol.cc; the wire format in PROTOCOL.md.
 //
-// See PROTOCOL.md for the wire protocol. Called only by the transport's
-// driving thread (VerbsTransport holds drive_mu_ around every entry).
+// Called only by the transport's driving thread (VerbsTransport holds drive_mu_
+// around every entry).
 #include <arpa/inet.h>
 
 #include <cerrno>
@@ -29,10 +31,12 @@ VerbsPair::~VerbsPair() {
   if (qp_) ibv_destroy_qp(qp_);
   if (rx_mr_) ibv_dereg_mr(rx_mr_);
   if (tx_mr_) ibv_dereg_mr(tx_mr_);
+  if (eager_rx_mr_) ibv_dereg_mr(eager_rx_mr_);
+  if (eager_tx_mr_) ibv_dereg_mr(eager_tx_mr_);
   for (auto& op : ops_)
     if (op->mr) t_->mrs_->release(op->mr);
-  for (MrEntry* m : recv_mrs_)
-    if (m) t_->mrs_->release(m);
+  for (auto& [seq, e] : recvs_)
+    if (e.mr) t_->mrs_->invalidate(e.mr);
 }
 
 std::string VerbsPair::who() const { return t_->rankName(peer_); }
@@ -58,13 +62,21 @@ void VerbsPair::create() {
   rx_mr_ = ibv_reg_mr(t_->pd_, rx_.data(), rx_.size() * sizeof(Ctrl), IBV_ACCESS_LOCAL_WRITE);
   tx_mr_ = ibv_reg_mr(t_->pd_, tx_.data(), tx_.size() * sizeof(Ctrl), IBV_ACCESS_LOCAL_WRITE);
   if (!rx_mr_ || !tx_mr_) throw ErrnoError("verbs: registering control buffers for " + who(), errno);
+  size_t slot_bytes = sizeof(EagerHdr) + t_->eager_max_;
+  eager_rx_.assign(slot_bytes * t_->eager_slots_, 0);
+  eager_tx_.assign(slot_bytes * t_->eager_slots_, 0);
+  eager_req_.assign(t_->eager_slots_, nullptr);
+  eager_rx_mr_ = ibv_reg_mr(t_->pd_, eager_rx_.data(), eager_rx_.size(),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  eager_tx_mr_ = ibv_reg_mr(t_->pd_, eager_tx_.data(), eager_tx_.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!eager_rx_mr_ || !eager_tx_mr_) throw ErrnoError("verbs: registering eager buffers for " + who(), errno);
   std::random_device rd;
   psn_ = rd() & 0xffffff;
 }
 
 Blob VerbsPair::localBlob() const {
   Blob b{};
-  std::memcpy(b.magic, "HARPIBV1", 8);
+  std::memcpy(b.magic, "HARPIBV2", 8);
   b.comm_id = t_->info_.comm_id;
   b.rank = static_cast<uint32_t>(t_->info_.rank);
   b.qpn = qp_->qp_num;
@@ -77,6 +89,10 @@ Blob VerbsPair::localBlob() const {
   b.credits = static_cast<uint32_t>(t_->rq_credits_);
   b.ka_addr = reinterpret_cast<uintptr_t>(t_->ka_buf_);
   b.ka_rkey = t_->ka_mr_->rkey;
+  b.eager_addr = reinterpret_cast<uintptr_t>(eager_rx_.data());
+  b.eager_rkey = eager_rx_mr_->rkey;
+  b.eager_slots = static_cast<uint32_t>(t_->eager_slots_);
+  b.eager_slot_bytes = static_cast<uint32_t>(sizeof(EagerHdr) + t_->eager_max_);
   std::snprintf(b.device, sizeof b.device, "%s", t_->dev_.name.c_str());
   return b;
 }
@@ -96,7 +112,7 @@ static void toInit(ibv_qp* qp, int port, const std::string& who) {
 }
 
 void VerbsPair::connectTo(const Blob& remote) {
-  if (std::memcmp(remote.magic, "HARPIBV1", 8) != 0)
+  if (std::memcmp(remote.magic, "HARPIBV2", 8) != 0)
     throw Error(Error::kInternal, "verbs: " + who() + " published a malformed address (bad magic)");
   if (remote.comm_id != t_->info_.comm_id || static_cast<int>(remote.rank) != peer_)
     throw Error(Error::kInternal, "verbs: address from " + who() + " belongs to another communicator or rank");
@@ -105,8 +121,16 @@ void VerbsPair::connectTo(const Blob& remote) {
                                          " has link layer " + linkLayerName(remote.link_layer) + " but this rank's " +
                                          t_->dev_.name + " has " + linkLayerName(t_->dev_.link_layer) +
                                          "; they cannot connect (use HARP_IB_HCA to pick matching devices)");
+  if (remote.eager_slots != static_cast<uint32_t>(t_->eager_slots_) ||
+      remote.eager_slot_bytes != sizeof(EagerHdr) + t_->eager_max_)
+    throw Error(Error::kInvalidArgument, "verbs: " + who() + " uses HARP_IB_EAGER/HARP_IB_EAGER_SLOTS " +
+                                             std::to_string(remote.eager_slot_bytes - sizeof(EagerHdr)) + "/" +
+                                             std::to_string(remote.eager_slots) + ", this rank " +
+                                             std::to_string(t_->eager_max_) + "/" + std::to_string(t_->eager_slots_) +
+                                             "; set them alike on every rank");
   remote_ = remote;
   credits_ = static_cast<int>(remote.credits);
+  eager_credits_ = static_cast<int>(remote.eager_slots);
   gen_ = 0;
   bringUp();
 }
@@ -189,7 +213,9 @@ bool VerbsPair::postCtrl(const Ctrl& c, bool credited, bool notice) {
   tx_[slot] = c;
   if (credited || c.kind == kCredit) {
     tx_[slot].credits = static_cast<uint32_t>(to_return_);
+    tx_[slot].eager_credits = static_cast<uint32_t>(eager_to_return_);
     to_return_ = 0;
+    eager_to_return_ = 0;
   }
   ibv_sge sge{reinterpret_cast<uintptr_t>(&tx_[slot]), sizeof(Ctrl), tx_mr_->lkey};
   ibv_send_wr wr{}, *bad = nullptr;
@@ -200,7 +226,10 @@ bool VerbsPair::postCtrl(const Ctrl& c, bool credited, bool notice) {
   wr.send_flags = IBV_SEND_SIGNALED;
   int rc = ibv_post_send(qp_, &wr, &bad);
   if (rc) {
-    if (credited || c.kind == kCredit) to_return_ += static_cast<int>(tx_[slot].credits);
+    if (credited || c.kind == kCredit) {
+      to_return_ += static_cast<int>(tx_[slot].credits);
+      eager_to_return_ += static_cast<int>(tx_[slot].eager_credits);
+    }
     errno = rc;
     return false;
   }
@@ -251,6 +280,43 @@ bool VerbsPair::postWrites(SendOp* op) {
   return true;
 }
 
+// Copy a small message into the staging slot and write header + payload into
+// the same slot of the peer's eager ring, WITH IMMEDIATE (slot | kImmEager).
+bool VerbsPair::postEager(Request* r) {
+  if (eager_credits_ <= 0 || credits_ <= 0 || sq_used_ >= t_->sq_depth_) return false;
+  uint32_t slot = eager_tx_next_;
+  if (eager_req_[slot]) return false;  // the previous write from this slot has not completed
+  size_t slot_bytes = sizeof(EagerHdr) + t_->eager_max_;
+  char* p = eager_tx_.data() + slot * slot_bytes;
+  EagerHdr h{r->tp_word, r->tag, r->len, 0};
+  std::memcpy(p, &h, sizeof h);
+  if (r->len) std::memcpy(p + sizeof h, r->buf, r->len);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(sizeof h + r->len), eager_tx_mr_->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = wrId(kWrEager, index_, ((gen_ & 0xff) << 24) | slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(kImmEager | slot);
+  wr.wr.rdma.remote_addr = remote_.eager_addr + slot * slot_bytes;
+  wr.wr.rdma.rkey = remote_.eager_rkey;
+  int rc = ibv_post_send(qp_, &wr, &bad);
+  if (rc) {
+    closeWithNotice(kAbort, "rank " + std::to_string(t_->info_.rank) + " could not post an RDMA write",
+                    errnoText(("verbs: ibv_post_send (eager write to " + who() + ")").c_str(), rc));
+    return false;
+  }
+  eager_req_[slot] = r;
+  eager_tx_next_ = (slot + 1) % static_cast<uint32_t>(t_->eager_slots_);
+  --eager_credits_;
+  --credits_;
+  ++eager_inflight_;
+  ++sq_used_;
+  sq_.push_back({kWrEager, slot, nullptr, false, 0});
+  return true;
+}
+
 bool VerbsPair::pump() {
   if (failed_ || closing_) return false;
   bool moved = false;
@@ -258,113 +324,26 @@ bool VerbsPair::pump() {
     ctrl_out_.pop_front();
     moved = true;
   }
-  matchSends();
-  if (failed_ || closing_) return true;
-  for (auto& op : ops_) {
-    if (op->all_posted) continue;
-    bool before = op->offset;
-    if (!postWrites(op.get())) {
-      moved |= op->offset != before;
-      break;
-    }
+  // New sends, strictly in order: eager write, or RTS (then wait for the RTR).
+  while (!sendq_.empty() && !failed_ && !closing_ && announce(sendq_.front())) {
+    sendq_.pop_front();
     moved = true;
   }
   if (failed_ || closing_) return true;
-  if (to_return_ >= std::max(1, t_->rq_credits_ / 4)) {
+  for (auto& op : ops_) {
+    if (op->all_posted) continue;
+    size_t before = op->offset;
+    bool done = postWrites(op.get());
+    moved |= op->offset != before || done;
+    if (!done) break;
+  }
+  if (failed_ || closing_) return true;
+  if (to_return_ >= std::max(1, t_->rq_credits_ / 4) || eager_to_return_ >= std::max(1, t_->eager_slots_ / 2)) {
     Ctrl c{};
     c.kind = kCredit;
     moved |= postCtrl(c, /*credited=*/false, false);
   }
   return moved;
-}
-
-// ---------------------------------------------------------------------------
-// Messages
-
-void VerbsPair::isend(Request* r) {
-  std::lock_guard<std::mutex> g(t_->drive_mu_);
-  r->peer = peer_;
-  if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
-  if (closing_) return r->fail(Request::kPeerFailure, closing_reason_);
-  r->tp_word = send_seq_++;
-  r->tp_private = nullptr;
-  sendq_.push_back(r);
-  pump();
-}
-
-void VerbsPair::irecv(Request* r) {
-  std::lock_guard<std::mutex> g(t_->drive_mu_);
-  r->peer = peer_;
-  if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
-  if (closing_) return r->fail(Request::kPeerFailure, closing_reason_);
-  MrEntry* mr = nullptr;
-  if (r->len) {
-    try {
-      mr = t_->mrs_->acquire(r->buf, r->len, /*write=*/true);
-    } catch (const Error& e) {
-      // The peer will send this message anyway; the pair is out of step.
-      r->fail(Request::kLocal, e.what());
-      closeWithNotice(kAbort, "rank " + std::to_string(t_->info_.rank) + " could not register a receive buffer",
-                      e.what());
-      return;
-    }
-  }
-  r->tp_word = recv_seq_++;
-  Ctrl c{};
-  c.kind = kRtr;
-  c.seq = r->tp_word;
-  c.tag = r->tag;
-  c.len = r->len;
-  c.addr = reinterpret_cast<uintptr_t>(r->buf);
-  c.rkey = mr ? mr->mr->rkey : 0;
-  ctrl_out_.push_back(c);
-  recvq_.push_back(r);
-  recv_mrs_.push_back(mr);
-  pump();
-}
-
-void VerbsPair::matchSends() {
-  while (!sendq_.empty() && !rtrs_.empty()) {
-    Request* r = sendq_.front();
-    Ctrl c = rtrs_.front();
-    if (c.seq != r->tp_word) return protocolError("receive-ready #" + std::to_string(c.seq) + " arrived for send #" +
-                                                  std::to_string(r->tp_word));
-    if (c.tag != r->tag || c.len != r->len) {
-      // Tell the receiver what we would have sent; it fails its receive with
-      // kMismatch. Our send fails too (the communicator is broken either way).
-      Ctrl m{};
-      m.kind = kMismatch;
-      m.seq = r->tp_word;
-      m.tag = r->tag;
-      m.len = r->len;
-      closeWithNotice(kMismatch, "", "collective mismatch with " + who() + ": message #" + std::to_string(c.seq) +
-                                         " is " + std::to_string(r->len) + " bytes here, but " + who() +
-                                         " posted a receive of " + std::to_string(c.len) + " bytes (tags " +
-                                         std::to_string(r->tag) + " vs " + std::to_string(c.tag) + ")",
-                      &m);
-      return;
-    }
-    MrEntry* mr = nullptr;
-    if (r->len) {
-      try {
-        mr = t_->mrs_->acquire(r->buf, r->len, /*write=*/false);
-      } catch (const Error& e) {
-        closeWithNotice(kAbort, "rank " + std::to_string(t_->info_.rank) + " could not register a send buffer",
-                        e.what());
-        return;
-      }
-    }
-    sendq_.pop_front();
-    rtrs_.pop_front();
-    auto op = std::make_unique<SendOp>();
-    op->req = r;
-    op->mr = mr;
-    op->seq = c.seq;
-    op->raddr = c.addr;
-    op->rkey = c.rkey;
-    op->offset = 0;
-    ops_.push_back(std::move(op));
-  }
 }
 
 void VerbsPair::finishSends() {
@@ -382,8 +361,14 @@ void VerbsPair::onSendCompletion(const ibv_wc& wc) {
   SqEntry e = sq_.front();
   sq_.pop_front();
   --sq_used_;
+  Request* eager_done = nullptr;
   if (e.kind == kWrCtrl) tx_free_.push_back(e.slot);
   if (e.kind == kWrWrite && e.op) --e.op->outstanding;
+  if (e.kind == kWrEager) {
+    eager_done = eager_req_[e.slot];
+    eager_req_[e.slot] = nullptr;
+    --eager_inflight_;
+  }
   if (e.kind == kWrKeepalive) {
     ka_outstanding_ = false;
     HARP_TRACE("verbs: keepalive to %s: %s", who().c_str(), ibv_wc_status_str(wc.status));
@@ -398,6 +383,7 @@ void VerbsPair::onSendCompletion(const ibv_wc& wc) {
       notice_done_ = true;
       return;
     }
+    if (eager_done && !eager_done->done()) eager_done->fail(Request::kPeerFailure, "eager write failed");
     std::string st = ibv_wc_status_str(wc.status);
     if (wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_RNR_RETRY_EXC_ERR)
       fail(who() + " is unreachable over RDMA (" + st + "): the process died or closed its communicator");
@@ -409,6 +395,7 @@ void VerbsPair::onSendCompletion(const ibv_wc& wc) {
   if (e.kind == kWrCtrl && e.ctrl_kind == kHello) hello_sent_ = true;
   if (e.notice) notice_done_ = true;
   if (e.kind == kWrWrite) finishSends();
+  if (eager_done) eager_done->complete();
 }
 
 void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
@@ -423,21 +410,25 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     if (!postRecv(slot)) return fail(errnoText(("verbs: re-posting a receive for " + who()).c_str(), errno));
     ++to_return_;
-    uint32_t seq = ntohl(wc.imm_data);
-    if (recvq_.empty() || static_cast<uint32_t>(recvq_.front()->tp_word) != seq)
-      return protocolError("data for message #" + std::to_string(seq) + " arrived with no matching receive");
-    Request* r = recvq_.front();
-    MrEntry* mr = recv_mrs_.front();
-    recvq_.pop_front();
-    recv_mrs_.pop_front();
-    if (mr) t_->mrs_->release(mr);
-    r->complete();
-    return;
+    uint32_t imm = ntohl(wc.imm_data);
+    if (imm & kImmEager) return onEagerData(imm & ~kImmEager);
+    // Rendezvous data for the receive whose number ends in these 31 bits.
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if ((it->first & 0x7fffffffu) == imm && it->second.rtr_sent) {
+        RecvEntry e = it->second;
+        recvs_.erase(it);
+        if (e.mr) t_->mrs_->release(e.mr);
+        e.req->complete();
+        return;
+      }
+    }
+    return protocolError("data for message #" + std::to_string(imm) + " arrived with no matching receive");
   }
   if (wc.opcode != IBV_WC_RECV) return protocolError("unexpected completion opcode " + std::to_string(wc.opcode));
   Ctrl c = rx_[slot];
   if (!postRecv(slot)) return fail(errnoText(("verbs: re-posting a receive for " + who()).c_str(), errno));
   if (c.credits) credits_ += static_cast<int>(c.credits);
+  if (c.eager_credits) eager_credits_ += static_cast<int>(c.eager_credits);
   switch (c.kind) {
     case kHello:
       if (c.comm_id != t_->info_.comm_id || static_cast<int>(c.rank) != peer_)
@@ -446,23 +437,14 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
       return;
     case kRtr:
       ++to_return_;
-      rtrs_.push_back(c);
-      return;
+      return onRtr(c);
+    case kRts:
+      ++to_return_;
+      return onRts(c);
     case kCredit:
       return;
-    case kMismatch: {
-      if (!recvq_.empty() && recvq_.front()->tp_word == c.seq) {
-        Request* r = recvq_.front();
-        MrEntry* mr = recv_mrs_.front();
-        recvq_.pop_front();
-        recv_mrs_.pop_front();
-        t_->mrs_->invalidate(mr);
-        r->peer_tag = c.tag;
-        r->peer_len = c.len;
-        r->fail(Request::kMismatch, "message from " + who() + " does not match the posted receive");
-      }
-      return fail("stream from " + who() + " out of step after a collective mismatch");
-    }
+    case kMismatch:
+      return onMismatchNotice(c);
     case kAbort:
       c.text[sizeof c.text - 1] = 0;
       return fail(who() + " aborted the communicator: " + std::string(c.text));
@@ -552,22 +534,31 @@ void VerbsPair::fail(const std::string& why) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   ibv_modify_qp(qp_, &a, IBV_QP_STATE);
-  for (Request* r : sendq_)
-    if (!r->done()) r->fail(Request::kPeerFailure, why);
+  auto failReq = [&](Request* r) {
+    if (r && !r->done()) r->fail(Request::kPeerFailure, why);
+  };
+  for (Request* r : sendq_) failReq(r);
+  for (auto& [seq, r] : waiting_rtr_) failReq(r);
   for (auto& op : ops_) {
-    if (op->req && !op->req->done()) op->req->fail(Request::kPeerFailure, why);
+    failReq(op->req);
     op->req = nullptr;
     if (op->mr) t_->mrs_->release(op->mr);
     op->mr = nullptr;
   }
-  for (size_t i = 0; i < recvq_.size(); ++i) {
-    if (!recvq_[i]->done()) recvq_[i]->fail(Request::kPeerFailure, why);
-    t_->mrs_->invalidate(recv_mrs_[i]);
+  for (Request*& r : eager_req_) {
+    failReq(r);
+    r = nullptr;
+  }
+  for (auto& [seq, e] : recvs_) {
+    failReq(e.req);
+    if (e.mr) t_->mrs_->invalidate(e.mr);
   }
   sendq_.clear();
-  recvq_.clear();
-  recv_mrs_.clear();
-  rtrs_.clear();
+  waiting_rtr_.clear();
+  early_rtrs_.clear();
+  recvs_.clear();
+  unexpected_eager_.clear();
+  early_rts_.clear();
   ctrl_out_.clear();
   HARP_INFO("verbs: pair to %s failed: %s", who().c_str(), why.c_str());
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -47,6 +48,9 @@ VerbsTransport::VerbsTransport(const CommInfo& info, const std::vector<PeerInfo>
   rq_reserve_ = 16;
   sq_depth_ = clampInt(env::integer("HARP_IB_SQ_DEPTH", 64), 8, 4096);
   max_chunk_ = env::bytes("HARP_IB_CHUNK", 1ull << 30);
+  eager_max_ = env::bytes("HARP_IB_EAGER", 16 << 10);
+  if (eager_max_ > (1u << 20)) throw InvalidArgument("HARP_IB_EAGER: at most 1M");
+  eager_slots_ = clampInt(env::integer("HARP_IB_EAGER_SLOTS", 16), 1, 1024);
   ka_ms_ = clampInt(env::integer("HARP_IB_KEEPALIVE_MS", 1000), 10, 600000);
   qp_timeout_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_TIMEOUT", 16), 1, 31));
   retry_cnt_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_RETRY_CNT", 6), 0, 7));
@@ -106,6 +110,17 @@ VerbsTransport::~VerbsTransport() {
       HARP_INFO("verbs: MR cache (%s): registrations=%llu hits=%llu deregistrations=%llu evictions=%llu live=%zu",
                 mrs_->lazy() ? "lazy" : "safe", (unsigned long long)s.registrations, (unsigned long long)s.hits,
                 (unsigned long long)s.deregistrations, (unsigned long long)s.evictions, mrs_->size());
+      // For tests and tuning: one line per closed transport, appended.
+      std::string path = env::str("HARP_IB_STATS_FILE");
+      if (!path.empty()) {
+        if (FILE* f = std::fopen(path.c_str(), "a")) {
+          std::fprintf(f, "rank=%d mode=%s registrations=%llu hits=%llu deregistrations=%llu evictions=%llu live=%zu\n",
+                       info_.rank, mrs_->lazy() ? "lazy" : "safe", (unsigned long long)s.registrations,
+                       (unsigned long long)s.hits, (unsigned long long)s.deregistrations,
+                       (unsigned long long)s.evictions, mrs_->size());
+          std::fclose(f);
+        }
+      }
     }
     pairs_.clear();
     by_index_.clear();
