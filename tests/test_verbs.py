@@ -39,6 +39,7 @@ pytestmark = pytest.mark.verbs
 
 _spec = importlib.util.spec_from_file_location("rxevm", os.path.join(ROOT, "scripts", "rxe-vm", "rxevm.py"))
 rxevm = importlib.util.module_from_spec(_spec)
+sys.modules["rxevm"] = rxevm  # dataclasses look the module up while it loads
 _spec.loader.exec_module(rxevm)
 
 SCENARIOS = ["devices", "selection", "collectives", "large", "mr_cache", "killed_peer", "mismatch", "abort",

@@ -149,8 +149,8 @@ bool probeDevice(DeviceChoice* out, std::string* why) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (!list) {
-    *why = std::string("ibv_get_device_list failed: ") + std::strerror(errno) +
-           " (is the ib_uverbs kernel module loaded?)";
+    *why = std::string("no RDMA device: ibv_get_device_list failed: ") + std::strerror(errno) +
+           " (is the ib_uverbs kernel module loaded and /dev/infiniband present?)";
     return false;
   }
   if (n == 0) {

@@ -163,7 +163,9 @@ class VerbsPair : public Pair {
   // Failure.
   void closeWithNotice(CtrlKind kind, const std::string& text, const std::string& why,
                        const Ctrl* body = nullptr);
-  void fail(const std::string& why);          // QP -> ERR, fail everything pending
+  // QP -> ERR, fail everything pending (keep_arrived: eager messages already in
+  // the ring stay deliverable — the peer closed after sending them).
+  void fail(const std::string& why, bool keep_arrived = false);
   bool closing() const { return closing_; }
   bool failed() const { return failed_; }
   bool finishClosing(Clock::time_point now);  // true when the notice is out or overdue

@@ -449,8 +449,10 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
       c.text[sizeof c.text - 1] = 0;
       return fail(who() + " aborted the communicator: " + std::string(c.text));
     case kBye:
+      // Everything the peer sent came before this (RC order). Eager messages
+      // already in our ring stay deliverable to the irecvs still to come.
       peer_closed_ = true;
-      return fail(who() + " has closed its communicator");
+      return fail(who() + " has closed its communicator", /*keep_arrived=*/true);
     default:
       return protocolError("unknown control message kind " + std::to_string(c.kind));
   }
@@ -524,7 +526,7 @@ void VerbsPair::sendBye() {
   }
 }
 
-void VerbsPair::fail(const std::string& why) {
+void VerbsPair::fail(const std::string& why, bool keep_arrived) {
   if (failed_) return;
   failed_ = true;
   closing_ = false;
@@ -557,7 +559,7 @@ void VerbsPair::fail(const std::string& why) {
   waiting_rtr_.clear();
   early_rtrs_.clear();
   recvs_.clear();
-  unexpected_eager_.clear();
+  if (!keep_arrived) unexpected_eager_.clear();
   early_rts_.clear();
   ctrl_out_.clear();
   HARP_INFO("verbs: pair to %s failed: %s", who().c_str(), why.c_str());

@@ -37,6 +37,14 @@ void VerbsPair::isend(Request* r) {
 void VerbsPair::irecv(Request* r) {
   std::lock_guard<std::mutex> g(t_->drive_mu_);
   r->peer = peer_;
+  if (failed_ && peer_closed_ && !unexpected_eager_.empty() && unexpected_eager_.front().first == recv_seq_) {
+    // The peer sent this before closing; it is in our ring.
+    RecvEntry e{r, nullptr, false};
+    r->tp_word = recv_seq_++;
+    uint32_t slot = unexpected_eager_.front().second;
+    unexpected_eager_.pop_front();
+    return deliverEager(r->tp_word, slot, e);
+  }
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (closing_) return r->fail(Request::kPeerFailure, closing_reason_);
   uint64_t seq = recv_seq_++;
