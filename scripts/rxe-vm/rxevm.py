@@ -271,6 +271,8 @@ ip link set lo up
 fail() { echo "RXE SETUP FAILED: $*"; echo "HARP-VM: rxe setup failed: $*" >&3; echo 253 > $W/rc; exit 0; }
 if [ "@RDMA@" = 1 ]; then
   ip link add veth0 type veth peer name veth1 || fail "ip link add veth"
+  # Jumbo frames: rxe then runs with a 4096-byte path MTU (fewer, larger packets).
+  ip link set veth0 mtu @MTU@ && ip link set veth1 mtu @MTU@ || fail "ip link set mtu @MTU@"
   ip addr add 10.99.0.1/24 dev veth0 && ip addr add 10.99.0.2/24 dev veth1 || fail "ip addr add"
   ip link set veth0 up && ip link set veth1 up || fail "ip link set up"
   rdma link add rxe0 type rxe netdev veth0 || fail "rdma link add rxe0 type rxe netdev veth0"
@@ -307,13 +309,14 @@ def _env_script(env: dict[str, str]) -> str:
 
 def run(cmd: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
         timeout: float = 300, cpus: int = 2, memory_mb: int = 2048, rdma: bool = True,
-        stream=None, keep_workdir: bool = False) -> GuestResult:
+        stream=None, keep_workdir: bool = False, mtu: int = 9000) -> GuestResult:
     """Run `cmd` (argv list, or a shell string) in a fresh guest; return its status and output.
 
     `env`: the command's environment (default: this process's). `cwd`: its
     working directory (default: this process's; must not be under /tmp).
     `stream`: a file object that receives the command's output as it is
-    produced. Raises VmUnavailable when the guest cannot start here, GuestError
+    produced. `mtu`: of the veth pair under rxe0 (9000: RDMA path MTU 4096;
+    1500: 1024). Raises VmUnavailable when the guest cannot start here, GuestError
     when it started but did not finish the command (boot failure, guest hang
     past timeout + 60 s).
     """
@@ -327,7 +330,7 @@ def run(cmd: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | N
     script = cmd if isinstance(cmd, str) else shlex.join(cmd)
     work = tempfile.mkdtemp(prefix="harp-rxe-vm-")
     try:
-        guest = (_GUEST_SH.replace("@RDMA@", "1" if rdma else "0")
+        guest = (_GUEST_SH.replace("@RDMA@", "1" if rdma else "0").replace("@MTU@", str(int(mtu)))
                  .replace("@CWD@", shlex.quote(cwd)).replace("@TIMEOUT@", str(int(max(1, timeout)))))
         for name, text in (("guest.sh", guest), ("env.sh", _env_script(env)), ("cmd.sh", script + "\n")):
             with open(os.path.join(work, name), "w") as f:
@@ -419,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cpus", type=int, default=2)
     r.add_argument("--memory", type=int, default=2048, help="MiB")
     r.add_argument("--no-rdma", action="store_true", help="skip the rxe0 setup")
+    r.add_argument("--mtu", type=int, default=9000, help="veth MTU under rxe0 (default 9000)")
     r.add_argument("-v", "--verbose", action="store_true", help="print the setup log and console")
     r.add_argument("--keep", action="store_true", help="keep the work directory")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -443,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cmd:
             p.error("run: no command given")
         res = run(cmd, timeout=a.timeout, cpus=a.cpus, memory_mb=a.memory, rdma=not a.no_rdma,
-                  stream=sys.stdout, keep_workdir=a.keep)
+                  stream=sys.stdout, keep_workdir=a.keep, mtu=a.mtu)
         if a.verbose:
             print("---- setup log\n" + res.setup + "---- console\n" + res.console, file=sys.stderr)
         print(f"rxevm: guest exit status {res.rc} after {res.seconds:.1f} s", file=sys.stderr)
