@@ -326,6 +326,10 @@ def run(cmd: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | N
     kver, vmlinuz = find_kernel()
     initrd = initramfs(kver)
     cwd = os.path.abspath(cwd or os.getcwd())
+    for what, path in (("working directory", cwd), ("Python", sys.executable)):
+        if any(path == d or path.startswith(d + "/") for d in ("/tmp", "/run", "/dev/shm")):
+            raise VmUnavailable(f"the {what} {path} is under /tmp, /run or /dev/shm, which the guest replaces "
+                                "with its own tmpfs; use a checkout / virtualenv elsewhere")
     env = dict(os.environ if env is None else env)
     script = cmd if isinstance(cmd, str) else shlex.join(cmd)
     work = tempfile.mkdtemp(prefix="harp-rxe-vm-")

@@ -191,6 +191,7 @@ class VerbsPair : public Pair {
   bool checkHeader(uint64_t seq, uint64_t tag, uint64_t len, RecvEntry& e);
   void sendRtr(uint64_t seq, RecvEntry& e);
   void onMismatchNotice(const Ctrl& c);
+  void onBye();
   void protocolError(const std::string& what);
 
   VerbsTransport* t_;

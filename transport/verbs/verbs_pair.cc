@@ -318,7 +318,7 @@ bool VerbsPair::postEager(Request* r) {
 }
 
 bool VerbsPair::pump() {
-  if (failed_ || closing_) return false;
+  if (failed_ || closing_ || peer_closed_) return false;
   bool moved = false;
   while (!ctrl_out_.empty() && postCtrl(ctrl_out_.front(), /*credited=*/true, false)) {
     ctrl_out_.pop_front();
@@ -449,10 +449,7 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
       c.text[sizeof c.text - 1] = 0;
       return fail(who() + " aborted the communicator: " + std::string(c.text));
     case kBye:
-      // Everything the peer sent came before this (RC order). Eager messages
-      // already in our ring stay deliverable to the irecvs still to come.
-      peer_closed_ = true;
-      return fail(who() + " has closed its communicator", /*keep_arrived=*/true);
+      return onBye();
     default:
       return protocolError("unknown control message kind " + std::to_string(c.kind));
   }
@@ -460,6 +457,31 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
 
 // ---------------------------------------------------------------------------
 // Liveness and failure
+
+// The peer destroyed its communicator. Everything it sent came before the
+// goodbye (RC order): eager messages already in our ring stay deliverable, and
+// our writes already posted complete normally (their acknowledgements may be
+// processed after the goodbye). What can never complete fails now: receives
+// without data, and sends not yet on the wire.
+void VerbsPair::onBye() {
+  peer_closed_ = true;
+  fail_reason_ = who() + " has closed its communicator";
+  auto failReq = [&](Request* r) {
+    if (r && !r->done()) r->fail(Request::kPeerFailure, fail_reason_);
+  };
+  for (Request* r : sendq_) failReq(r);
+  for (auto& [seq, r] : waiting_rtr_) failReq(r);
+  for (auto& [seq, e] : recvs_) {
+    failReq(e.req);
+    if (e.mr) t_->mrs_->invalidate(e.mr);
+  }
+  sendq_.clear();
+  waiting_rtr_.clear();
+  early_rtrs_.clear();
+  recvs_.clear();
+  early_rts_.clear();
+  ctrl_out_.clear();
+}
 
 bool VerbsPair::keepaliveDue(Clock::time_point now) const {
   if (failed_ || closing_ || ka_outstanding_ || !busy()) return false;

@@ -26,7 +26,7 @@ namespace harp::transport::verbs {
 void VerbsPair::isend(Request* r) {
   std::lock_guard<std::mutex> g(t_->drive_mu_);
   r->peer = peer_;
-  if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
+  if (failed_ || peer_closed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (closing_) return r->fail(Request::kPeerFailure, closing_reason_);
   r->tp_word = send_seq_++;
   r->tp_private = nullptr;
@@ -37,7 +37,7 @@ void VerbsPair::isend(Request* r) {
 void VerbsPair::irecv(Request* r) {
   std::lock_guard<std::mutex> g(t_->drive_mu_);
   r->peer = peer_;
-  if (failed_ && peer_closed_ && !unexpected_eager_.empty() && unexpected_eager_.front().first == recv_seq_) {
+  if (peer_closed_ && !failed_ && !unexpected_eager_.empty() && unexpected_eager_.front().first == recv_seq_) {
     // The peer sent this before closing; it is in our ring.
     RecvEntry e{r, nullptr, false};
     r->tp_word = recv_seq_++;
@@ -45,7 +45,7 @@ void VerbsPair::irecv(Request* r) {
     unexpected_eager_.pop_front();
     return deliverEager(r->tp_word, slot, e);
   }
-  if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
+  if (failed_ || peer_closed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (closing_) return r->fail(Request::kPeerFailure, closing_reason_);
   uint64_t seq = recv_seq_++;
   r->tp_word = seq;
