@@ -22,6 +22,7 @@ const Algorithm kAlgorithms[] = {
     {CollType::kBarrier, "dissemination", barrierDissemination},
     {CollType::kSend, "direct", sendDirect},
     {CollType::kRecv, "direct", recvDirect},
+    {CollType::kP2pBatch, "batch", p2pBatch},
 };
 }  // namespace
 

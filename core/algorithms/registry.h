@@ -44,6 +44,7 @@ void scatterLinear(Context&);
 void barrierDissemination(Context&);
 void sendDirect(Context&);
 void recvDirect(Context&);
+void p2pBatch(Context&);
 
 // Helpers shared by algorithms.
 // Copy n bytes unless src == dst.
