@@ -93,6 +93,8 @@ struct CommInfo {
   uint64_t comm_id = 0;       // unique per communicator instance in the job
   std::string token;          // job secret (16 bytes); present it on every connection
   double timeout_s = 300.0;   // bound for any blocking step in setup
+  std::string bind_hint;      // IP of the local interface that reaches the bootstrap
+                              // root; socket transports listen there by default
 };
 
 // Per-rank facts published by the bootstrap, available to every transport.

@@ -1,0 +1,184 @@
+// bindings/python_module.cc — the `harp._harp` extension: a thin, pointer-based
+// layer over core/. Buffers arrive as integer addresses (numpy, torch, cupy
+// and the NCCL-style API all have them); python/harp/ turns arrays into
+// pointers, checks shapes and keeps buffers alive for async work.
+//
+// The GIL is released while a collective runs or is waited for. C++ errors
+// become the exception classes of harp.errors (by harp::Error::Kind).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/algorithms/registry.h"
+#include "core/bootstrap.h"
+#include "core/communicator.h"
+#include "core/reduce.h"
+#include "transport/transport.h"
+
+namespace py = pybind11;
+using namespace harp;
+
+namespace {
+
+// A Store implemented in Python (the torch backend wraps torch's c10d Store).
+class PyStore : public Store {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    py::gil_scoped_acquire g;
+    PYBIND11_OVERRIDE_PURE(void, Store, set, key, py::bytes(value));
+  }
+  std::string get(const std::string& key, double timeout_s) override {
+    py::gil_scoped_acquire g;
+    py::function f = py::get_override(static_cast<const Store*>(this), "get");
+    if (!f) throw Error(Error::kInternal, "Python store has no get()");
+    py::object v = f(key, timeout_s);
+    return v.cast<std::string>();
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    py::gil_scoped_acquire g;
+    PYBIND11_OVERRIDE_PURE(int64_t, Store, add, key, delta);
+  }
+};
+
+void translate(const Error& e) {
+  static const char* names[] = {"InvalidArgumentError", "MismatchError", "PeerError", "HarpTimeoutError",
+                                "HarpError", "UnavailableError", "HarpError"};
+  py::object cls = py::module_::import("harp.errors").attr(names[e.kind()]);
+  PyErr_SetString(cls.ptr(), e.what());
+}
+
+std::vector<size_t> toSizes(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+PYBIND11_MODULE(_harp, m) {
+  m.doc() = "HARP core bindings (pointer-based; use the harp package API)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      translate(e);
+    }
+  });
+
+  m.def("get_unique_id", [](const std::string& bind) {
+    UniqueId id = createUniqueId(bind);
+    return py::bytes(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+  }, py::arg("bind") = "");
+  m.def("make_unique_id", [](const std::string& addr, const std::string& secret) {
+    UniqueId id = UniqueId::make(SockAddr::parse(addr, 0), secret);
+    return py::bytes(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+  });
+  m.def("unique_id_address", [](const std::string& b) { return UniqueId::fromBytes(b.data(), b.size()).address().str(); });
+  m.def("ensure_store_server", [](const std::string& addr, const std::string& secret) {
+    ensureStoreServer(SockAddr::parse(addr, 0), secret);
+  });
+  m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });
+  m.def("reduce_kernel", &reduceKernelName);
+  m.def("algorithms", [](const std::string& coll) { return algorithmList(parseColl(coll)); });
+  m.def("transports", [] {
+    std::vector<std::tuple<std::string, int, std::string>> out;
+    for (const auto& s : transport::registeredTransports())
+      out.emplace_back(s.name, s.priority, s.unavailable ? s.unavailable() : "");
+    return out;
+  });
+  m.def("host_id", [] { return thisHost().host_id; });
+  // Local reduction, for tests of the kernels themselves.
+  m.def("reduce_local", [](uintptr_t out, uintptr_t a, uintptr_t b, size_t n, int dt, int op) {
+    checkOpSupported(static_cast<DataType>(dt), static_cast<ReduceOp>(op));
+    py::gil_scoped_release nogil;
+    reduce(reinterpret_cast<void*>(out), reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), n,
+           static_cast<DataType>(dt), static_cast<ReduceOp>(op));
+  });
+
+  py::class_<Store, PyStore, std::shared_ptr<Store>>(m, "Store")
+      .def(py::init<>())
+      .def("set", &Store::set)
+      .def("get", &Store::get)
+      .def("add", &Store::add);
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("wait", [](Work& w, double t) {
+        py::gil_scoped_release nogil;
+        return w.wait(t);
+      }, py::arg("timeout") = -1.0)
+      .def("test", &Work::test)
+      .def("failed", &Work::failed)
+      .def("error", &Work::error);
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Comm")
+      .def(py::init([](const std::string& id, int rank, int size, double timeout, const std::string& transport) {
+             CommOptions o;
+             o.timeout_s = timeout;
+             o.transport = transport;
+             UniqueId uid = UniqueId::fromBytes(id.data(), id.size());
+             py::gil_scoped_release nogil;
+             return Communicator::create(uid, rank, size, o);
+           }),
+           py::arg("unique_id"), py::arg("rank"), py::arg("size"), py::arg("timeout") = -1.0,
+           py::arg("transport") = "")
+      .def_static("from_store", [](std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
+                                   double timeout, const std::string& transport) {
+             CommOptions o;
+             o.timeout_s = timeout;
+             o.transport = transport;
+             // Python stores re-take the GIL inside; release it so other threads run.
+             py::gil_scoped_release nogil;
+             return Communicator::create(std::make_shared<PrefixStore>(store, prefix), rank, size, o);
+           },
+           py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"), py::arg("timeout") = -1.0,
+           py::arg("transport") = "")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("timeout", &Communicator::timeout)
+      .def("transport_name", &Communicator::transportName)
+      .def("submit",
+           [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+              int peer, uint32_t tag, const std::string& algo, double timeout, bool async,
+              const std::vector<long long>& sendcounts, const std::vector<long long>& sdispls,
+              const std::vector<long long>& recvcounts, const std::vector<long long>& rdispls) {
+             CollArgs a;
+             a.coll = static_cast<CollType>(coll);
+             a.sendbuf = reinterpret_cast<const void*>(send);
+             a.recvbuf = reinterpret_cast<void*>(recv);
+             a.count = count;
+             a.dtype = static_cast<DataType>(dtype);
+             a.op = static_cast<ReduceOp>(op);
+             a.root = root;
+             a.peer = peer;
+             a.tag = tag;
+             a.opts.algo = algo;
+             a.opts.timeout_s = timeout;
+             a.sendcounts = toSizes(sendcounts);
+             a.sdispls = toSizes(sdispls);
+             a.recvcounts = toSizes(recvcounts);
+             a.rdispls = toSizes(rdispls);
+             py::gil_scoped_release nogil;
+             return c.submit(std::move(a), async);
+           },
+           py::arg("coll"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op") = 0,
+           py::arg("root") = 0, py::arg("peer") = -1, py::arg("tag") = 0, py::arg("algo") = "",
+           py::arg("timeout") = -1.0, py::arg("async_op") = false, py::arg("sendcounts") = std::vector<long long>{},
+           py::arg("sdispls") = std::vector<long long>{}, py::arg("recvcounts") = std::vector<long long>{},
+           py::arg("rdispls") = std::vector<long long>{})
+      .def("choose_algorithm", [](Communicator& c, int coll, size_t count, int dtype) {
+        CollArgs a;
+        a.coll = static_cast<CollType>(coll);
+        a.count = count;
+        a.dtype = static_cast<DataType>(dtype);
+        return c.chooseAlgorithm(a);
+      })
+      .def("split", [](Communicator& c, int color, int key) {
+        py::gil_scoped_release nogil;
+        return c.split(color, key);
+      })
+      .def("abort", [](Communicator& c, const std::string& why) {
+        py::gil_scoped_release nogil;
+        c.abort(why);
+      }, py::arg("reason") = "abort requested")
+      .def("destroy", [](Communicator& c) {
+        py::gil_scoped_release nogil;
+        c.destroy();
+      })
+      .def_property_readonly("broken", &Communicator::broken);
+}

@@ -1,0 +1,35 @@
+// Allreduce, recursive doubling: log2(p) steps; in step i every rank swaps its
+// whole vector with newrank ^ 2^i and reduces. For small messages, where
+// latency (alpha) dominates.
+//
+// Any p: non-powers of two fold the first 2·rem ranks in pairs (fold.h). Both
+// partners reduce the same two vectors; IEEE + and * are commutative, so all
+// ranks end bitwise identical.
+// Cost (p = 2^k): log2(p)·(alpha + n·beta + n·gamma). p != 2^k adds
+// 2·alpha + 2·n·beta + n·gamma.
+#include "core/algorithms/fold.h"
+
+namespace harp {
+
+void allreduceRecursiveDoubling(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const size_t es = ctx.elemSize(), bytes = a.count * es;
+  char* out = static_cast<char*>(a.recvbuf);
+  copyBytes(out, a.sendbuf, bytes);
+  if (ctx.size() == 1 || a.count == 0) return;
+  char* tmp = static_cast<char*>(ctx.scratch(bytes));
+
+  fold::Fold f = fold::in(ctx, out, tmp, a.count);
+  if (f.newrank >= 0) {
+    for (int mask = 1; mask < f.pof2; mask <<= 1) {
+      const int partner = f.real(f.newrank ^ mask);
+      ctx.sendrecv(partner, out, bytes, partner, tmp, bytes);
+      // Lower newrank's data first on both sides keeps operands in one order.
+      if (f.newrank & mask) reduce(out, tmp, out, a.count, a.dtype, a.op);
+      else reduce(out, out, tmp, a.count, a.dtype, a.op);
+    }
+  }
+  fold::out(ctx, f, out, a.count);
+}
+
+}  // namespace harp

@@ -1,0 +1,28 @@
+// Gather, linear: every rank sends its block to the root, which receives all
+// blocks straight into place (posted at once, so they arrive in parallel).
+// Any p, any root; recvbuf is only used on the root.
+// Cost: (p-1)·alpha + (p-1)·n·beta at the root (its link is the bottleneck).
+#include <vector>
+
+#include "core/algorithms/registry.h"
+
+namespace harp {
+
+void gatherLinear(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const size_t blk = a.count * ctx.elemSize();
+  if (r != a.root) {
+    if (blk) ctx.wait(ctx.isend(a.root, a.sendbuf, blk));
+    return;
+  }
+  char* out = static_cast<char*>(a.recvbuf);
+  copyBytes(out + r * blk, a.sendbuf, blk);
+  if (!blk) return;
+  std::vector<Request*> reqs;
+  for (int q = 0; q < p; ++q)
+    if (q != r) reqs.push_back(ctx.irecv(q, out + q * blk, blk));
+  ctx.waitAll(reqs);
+}
+
+}  // namespace harp

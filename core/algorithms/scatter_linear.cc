@@ -1,0 +1,28 @@
+// Scatter, linear: the root sends block q of its input to rank q (all sends
+// posted at once); every other rank receives one block.
+// Any p, any root; sendbuf is only used on the root.
+// Cost: (p-1)·alpha + (p-1)·n·beta at the root.
+#include <vector>
+
+#include "core/algorithms/registry.h"
+
+namespace harp {
+
+void scatterLinear(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const size_t blk = a.count * ctx.elemSize();
+  if (r != a.root) {
+    if (blk) ctx.wait(ctx.irecv(a.root, a.recvbuf, blk));
+    return;
+  }
+  const char* in = static_cast<const char*>(a.sendbuf);
+  copyBytes(a.recvbuf, in + r * blk, blk);
+  if (!blk) return;
+  std::vector<Request*> reqs;
+  for (int q = 0; q < p; ++q)
+    if (q != r) reqs.push_back(ctx.isend(q, in + q * blk, blk));
+  ctx.waitAll(reqs);
+}
+
+}  // namespace harp

@@ -1,0 +1,189 @@
+#include "core/bootstrap.h"
+
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "core/types.h"
+
+namespace harp {
+namespace {
+constexpr char kMagic[8] = {'H', 'A', 'R', 'P', 'U', 'I', 'D', '1'};
+}
+
+std::string randomBytes(size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw ErrnoError("getrandom", errno);
+    }
+    got += r;
+  }
+  return out;
+}
+
+uint64_t hash64(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9e3779b97f4a7c15ull);
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+UniqueId UniqueId::make(const SockAddr& addr, const std::string& secret) {
+  UniqueId id;
+  auto* b = id.bytes.data();
+  std::memcpy(b, kMagic, 8);
+  uint16_t fam = static_cast<uint16_t>(addr.family()), port = static_cast<uint16_t>(addr.port());
+  std::memcpy(b + 8, &fam, 2);
+  std::memcpy(b + 10, &port, 2);
+  if (addr.family() == AF_INET)
+    std::memcpy(b + 12, &reinterpret_cast<const sockaddr_in*>(&addr.ss)->sin_addr, 4);
+  else
+    std::memcpy(b + 12, &reinterpret_cast<const sockaddr_in6*>(&addr.ss)->sin6_addr, 16);
+  std::string s = secret;
+  s.resize(kSecretBytes, '\0');
+  std::memcpy(b + 28, s.data(), kSecretBytes);
+  return id;
+}
+
+SockAddr UniqueId::address() const {
+  const auto* b = bytes.data();
+  if (std::memcmp(b, kMagic, 8) != 0)
+    throw InvalidArgument("not a HARP unique id (bad magic): create it with harp.get_unique_id()");
+  uint16_t fam, port;
+  std::memcpy(&fam, b + 8, 2);
+  std::memcpy(&port, b + 10, 2);
+  SockAddr a;
+  if (fam == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a.ss);
+    in->sin_family = AF_INET;
+    std::memcpy(&in->sin_addr, b + 12, 4);
+    a.len = sizeof(sockaddr_in);
+  } else if (fam == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.ss);
+    in6->sin6_family = AF_INET6;
+    std::memcpy(&in6->sin6_addr, b + 12, 16);
+    a.len = sizeof(sockaddr_in6);
+  } else {
+    throw InvalidArgument("HARP unique id holds an unknown address family " + std::to_string(fam));
+  }
+  a.setPort(port);
+  return a;
+}
+
+std::string UniqueId::secret() const {
+  return std::string(reinterpret_cast<const char*>(bytes.data()) + 28, kSecretBytes);
+}
+
+std::string UniqueId::hex() const {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
+UniqueId UniqueId::fromHex(const std::string& h) {
+  if (h.size() != 256) throw InvalidArgument("a HARP unique id in hex has 256 characters, got " + std::to_string(h.size()));
+  UniqueId id;
+  auto val = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw InvalidArgument("a HARP unique id in hex has a non-hex character");
+  };
+  for (size_t i = 0; i < 128; ++i) id.bytes[i] = static_cast<unsigned char>(val(h[2 * i]) * 16 + val(h[2 * i + 1]));
+  id.address();  // validates
+  return id;
+}
+
+UniqueId UniqueId::fromBytes(const void* p, size_t n) {
+  if (n != 128) throw InvalidArgument("a HARP unique id has 128 bytes, got " + std::to_string(n));
+  UniqueId id;
+  std::memcpy(id.bytes.data(), p, 128);
+  id.address();
+  return id;
+}
+
+namespace {
+std::mutex g_servers_mu;
+std::map<std::string, std::unique_ptr<TcpStoreServer>>& servers() {
+  static auto* m = new std::map<std::string, std::unique_ptr<TcpStoreServer>>();  // lives until exit
+  return *m;
+}
+}  // namespace
+
+UniqueId createUniqueId(const std::string& bind) {
+  SockAddr addr;
+  if (!bind.empty()) {
+    addr = SockAddr::parse(bind, 0);
+  } else if (env::has("HARP_SOCKET_IFNAME") || env::has("HARP_SOCKET_FAMILY")) {
+    auto itfs = findInterfaces("");
+    if (itfs.empty())
+      throw InvalidArgument("no network interface matches HARP_SOCKET_IFNAME='" + env::str("HARP_SOCKET_IFNAME") +
+                            "' / HARP_SOCKET_FAMILY='" + env::str("HARP_SOCKET_FAMILY") + "'");
+    addr = itfs[0].addr;
+  } else {
+    auto itfs = findInterfaces("");
+    addr = itfs.empty() ? SockAddr::parse("127.0.0.1", 0) : itfs[0].addr;
+  }
+  addr.setPort(addr.port());
+  std::string secret = randomBytes(kSecretBytes);
+  auto server = std::make_unique<TcpStoreServer>(addr, secret);
+  UniqueId id = UniqueId::make(server->address(), secret);
+  std::lock_guard<std::mutex> g(g_servers_mu);
+  servers()[server->address().str() + secret] = std::move(server);
+  HARP_INFO("bootstrap root listening on %s", id.address().str().c_str());
+  return id;
+}
+
+void ensureStoreServer(const SockAddr& addr, const std::string& secret) {
+  std::lock_guard<std::mutex> g(g_servers_mu);
+  std::string key = addr.str() + secret;
+  if (servers().count(key)) return;
+  servers()[key] = std::make_unique<TcpStoreServer>(addr, secret);
+}
+
+HostIdentity thisHost() {
+  HostIdentity h;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(f, boot);
+  struct stat st{};
+  std::string ns;
+  if (stat("/proc/self/ns/net", &st) == 0) ns += "net" + std::to_string(st.st_ino);
+  if (stat("/proc/self/ns/ipc", &st) == 0) ns += "ipc" + std::to_string(st.st_ino);
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  h.hostname = host;
+  h.host_id = (boot.empty() ? h.hostname : boot) + "/" + ns;
+  h.pid = static_cast<int>(getpid());
+  return h;
+}
+
+std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,
+                                        const std::string& mine, double timeout_s) {
+  store.set(key + "/" + std::to_string(rank), mine);
+  std::vector<std::string> all(size);
+  for (int r = 0; r < size; ++r) all[r] = r == rank ? mine : store.get(key + "/" + std::to_string(r), timeout_s);
+  return all;
+}
+
+}  // namespace harp

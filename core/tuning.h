@@ -1,0 +1,33 @@
+// core/tuning.h — algorithm choice as data (UCC-style score map, first match wins).
+//
+// Rows come from core/tuning.tsv (built in), or HARP_TUNING_FILE. HARP_ALGO is a
+// one-line override with the same keys, e.g.
+//   HARP_ALGO=ring                                  (allreduce, any size)
+//   HARP_ALGO=allreduce:ring,broadcast:binomial
+//   HARP_ALGO=allreduce:0-64K:recursive_doubling,allreduce:64K-:ring
+// A per-call CollOptions::algo beats both. Unknown names fail with the list of
+// known ones. Thread-safe after the first call (tables parsed once).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace harp {
+
+struct TuningRow {
+  CollType coll;
+  std::string transport;  // "*" = any
+  int min_ranks = 1, max_ranks = 1 << 30;
+  size_t min_bytes = 0, max_bytes = SIZE_MAX;  // [min, max)
+  std::string algo;
+};
+
+std::vector<TuningRow> parseTuning(const std::string& text, const std::string& source);
+// HARP_ALGO syntax; rows it yields match any transport and rank count.
+std::vector<TuningRow> parseAlgoOverride(const std::string& spec);
+// The algorithm for this collective; "" if no row matches.
+std::string lookupAlgorithm(CollType c, const std::string& transport, int ranks, size_t bytes);
+
+}  // namespace harp

@@ -1,0 +1,36 @@
+"""Turning user buffers into (address, element count, dtype) for the core.
+
+Accepted: numpy arrays, objects with the buffer protocol (bytearray, array,
+memoryview) and DLPack producers on the CPU. Buffers must be C-contiguous;
+receive buffers must be writable. GPU buffers go through harp.nccl/harp.torch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+
+def as_array(obj, what: str, writable: bool = False) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif hasattr(obj, "__dlpack__") and not isinstance(obj, (bytes, bytearray, memoryview)):
+        try:
+            arr = np.from_dlpack(obj)
+        except (TypeError, RuntimeError, BufferError) as e:
+            raise InvalidArgumentError(f"{what}: cannot use {type(obj).__name__} through DLPack on the CPU: {e}") from e
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{what}: {type(obj).__name__} is not an array, buffer or DLPack object") from None
+    if not arr.flags.c_contiguous:
+        raise InvalidArgumentError(f"{what}: buffer must be C-contiguous (use numpy.ascontiguousarray)")
+    if writable and not arr.flags.writeable:
+        raise InvalidArgumentError(f"{what}: buffer is read-only")
+    return arr
+
+
+def address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0] if arr.size else 0

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Developer build: configure once, rebuild incrementally into build/dev, and copy
+# the libraries into python/harp so `PYTHONPATH=python` uses them (no reinstall).
+# Users and CI install with `pip install .` instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -f build/dev/build.ninja ]; then
+  cmake -S . -B build/dev -G Ninja -DHARP_BUILD_TESTS=ON \
+    -Dpybind11_DIR="$(python3 -c 'import pybind11; print(pybind11.get_cmake_dir())')"
+fi
+ninja -C build/dev -j"${JOBS:-2}"
+rm -f python/harp/*.so
+cp build/dev/libharp.so python/harp/
+find build/dev/bindings -maxdepth 1 -name '*.so' -exec cp {} python/harp/ \;
