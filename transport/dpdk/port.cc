@@ -263,6 +263,13 @@ void Runtime::initEal() {
   int rc = rte_eal_init(static_cast<int>(keep.size()), argv.data());
   int err = rte_errno;
   if (have_saved) pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+  if (rc < 0 && err == EALREADY) {
+    // Someone in this process (harp.dpdk, the application) brought the EAL up.
+    HARP_INFO("dpdk: the EAL was already initialized in this process; using it");
+    eal_args_ = "(initialized by the application)";
+    huge_ = rte_eal_has_hugepages();
+    return;
+  }
   if (rc < 0)
     throw unavailable("rte_eal_init failed (" + rteErr(err) + ") with EAL arguments: " + eal_args_ +
                       (huge_ ? " (hugepage mode; HARP_DPDK_HUGE=0 runs without hugepages)" : ""));
