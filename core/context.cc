@@ -80,8 +80,10 @@ void Context::check(Request* r) {
                                       std::to_string(r->peer) + " sent " + describeTag(r->peer_tag) + " with " +
                                       std::to_string(r->peer_len) + " bytes");
   }
-  throw Error(Error::kPeerFailure, std::string(collName(args_.coll)) + " on rank " + std::to_string(rank_) +
-                                       " failed: " + r->error);
+  // A peer that found a mismatch aborts with that text: keep the kind, so every
+  // rank raises the same class of error.
+  Error::Kind kind = r->error.find("collective mismatch") != std::string::npos ? Error::kMismatch : Error::kPeerFailure;
+  throw Error(kind, std::string(collName(args_.coll)) + " on rank " + std::to_string(rank_) + " failed: " + r->error);
 }
 
 void Context::wait(Request* r) { waitAll({r}); }

@@ -33,7 +33,9 @@ def spawn(nranks, cmd, env_extra=None, grace=5.0, quiet=False):
     """Run `cmd` as nranks local ranks; returns the exit status (0 if all succeeded)."""
     from .comm import get_unique_id
 
-    uid = get_unique_id()
+    # All ranks are on this host: the bootstrap (and so the TCP transport, which
+    # listens where the bootstrap is reached) stays on loopback.
+    uid = get_unique_id(os.environ.get("HARP_LAUNCH_BIND", "127.0.0.1:0"))
     base = dict(os.environ)
     base.update(env_extra or {})
     procs = [subprocess.Popen(cmd, env=rank_env(base, uid.hex(), r, nranks)) for r in range(nranks)]

@@ -1,0 +1,83 @@
+"""Multi-process test harness: run a function as N HARP ranks and collect results.
+
+    results = run_ranks(4, fn, arg1, env={"HARP_TRANSPORT": "tcp"}, timeout=120)
+
+Each rank is a forked process that gets HARP_* launch variables (a fresh unique
+id per call), builds nothing itself, and calls fn(rank, size, *args); fn usually
+starts with `comm = harp.init()`. A rank's return value (picklable) or its
+exception (as text) comes back; a rank that hangs past `timeout` fails the test
+with the list of ranks still running, and all ranks are killed.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+import harp
+
+_ctx = mp.get_context("fork")
+
+
+class RankFailure(AssertionError):
+    pass
+
+
+def _child(fn, rank, size, uid_hex, env, q, args):
+    try:
+        os.environ.update({"HARP_UNIQUE_ID": uid_hex, "HARP_RANK": str(rank), "HARP_WORLD_SIZE": str(size),
+                           "HARP_LOCAL_RANK": str(rank)})
+        os.environ.update(env or {})
+        q.put((rank, "ok", fn(rank, size, *args)))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        q.put((rank, "error", (type(e).__name__, str(e), traceback.format_exc())))
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def start_ranks(n, fn, *args, env=None, uid=None):
+    uid = uid or harp.get_unique_id("127.0.0.1:0")  # local ranks: keep traffic on loopback
+    q = _ctx.Queue()
+    procs = [_ctx.Process(target=_child, args=(fn, r, n, uid.hex(), env, q, args), daemon=True) for r in range(n)]
+    for p in procs:
+        p.start()
+    return procs, q
+
+
+def collect(procs, q, timeout=120, allow_errors=False):
+    n = len(procs)
+    out, deadline = {}, time.monotonic() + timeout
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            rank, status, val = q.get(timeout=min(left, 0.5))
+            out[rank] = (status, val)
+        except Exception:  # queue.Empty
+            # A rank that died without reporting (killed) counts as reported.
+            for r, p in enumerate(procs):
+                if r not in out and not p.is_alive() and p.exitcode not in (0, None):
+                    out[r] = ("died", p.exitcode)
+    hung = [r for r in range(n) if r not in out]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(5)
+    if hung:
+        raise RankFailure(f"ranks {hung} did not finish within {timeout} s (hang)")
+    if not allow_errors:
+        errs = {r: v for r, (s, v) in out.items() if s != "ok"}
+        if errs:
+            msg = "\n".join(f"rank {r}: {v[0]}: {v[1]}\n{v[2]}" if isinstance(v, tuple) and len(v) == 3
+                            else f"rank {r}: {v}" for r, v in sorted(errs.items()))
+            raise RankFailure(msg)
+        return [out[r][1] for r in range(n)]
+    return [out[r] for r in range(n)]
+
+
+def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False, uid=None):
+    procs, q = start_ranks(n, fn, *args, env=env, uid=uid)
+    return collect(procs, q, timeout, allow_errors)
