@@ -115,6 +115,13 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
 
 DpdkTransport::~DpdkTransport() {
   std::lock_guard<std::mutex> g(mu_);
+  const ProtocolStats& st = proto_->stats();
+  HARP_INFO("dpdk: comm %016llx closing: data packets tx %llu rx %llu, retransmitted %llu (timeouts %llu), "
+            "duplicates %llu, out of order %llu, acks tx %llu rx %llu, staged %llu (dropped %llu)",
+            (unsigned long long)info_.comm_id, (unsigned long long)st.data_tx, (unsigned long long)st.data_rx,
+            (unsigned long long)st.retx, (unsigned long long)st.timeouts, (unsigned long long)st.dup_rx,
+            (unsigned long long)st.ooo_rx, (unsigned long long)st.acks_tx, (unsigned long long)st.acks_rx,
+            (unsigned long long)st.staged, (unsigned long long)st.stage_drops);
   if (connected_ && !aborted_) {
     proto_->broadcastControl(PktType::kBye, "");
     flushTx();

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -194,7 +195,19 @@ Runtime& Runtime::get() {
   return *rt;
 }
 
-Runtime::Runtime() { initEal(); }
+namespace {
+std::mutex g_sock_mu;
+std::vector<std::string> g_memif_sockets;  // server sockets to remove at exit
+void removeMemifSockets() {
+  std::lock_guard<std::mutex> g(g_sock_mu);
+  for (auto& s : g_memif_sockets) unlink(s.c_str());
+}
+}  // namespace
+
+Runtime::Runtime() {
+  initEal();
+  std::atexit(removeMemifSockets);
+}
 
 void Runtime::initEal() {
   port_spec_ = env::str("HARP_DPDK_PORT", "memif");
@@ -360,6 +373,11 @@ Link* Runtime::l2Link() {
     if (iface.empty() || if_nametoindex(iface.c_str()) == 0)
       throw unavailable("HARP_DPDK_PORT=" + s + ": there is no network interface '" + iface +
                         "' in this network namespace (see ip link)");
+    // A kernel interface's MTU is the administrator's (and its link partner's)
+    // setting: use at most that, never raise it.
+    std::ifstream f("/sys/class/net/" + iface + "/mtu");
+    unsigned kmtu = 0;
+    if (f >> kmtu && kmtu >= 256) mtu = std::min(mtu, kmtu);
   };
   if (s.rfind("af_packet:", 0) == 0) {
     std::string iface = s.substr(10);
@@ -406,7 +424,11 @@ Link* Runtime::memifLink(int peer_pid, double timeout_s) {
   std::string dir = env::str("HARP_DPDK_MEMIF_DIR", "/tmp");
   std::string sock = dir + "/harp-memif-" + std::to_string(std::min(me, peer_pid)) + "-" +
                      std::to_string(std::max(me, peer_pid)) + ".sock";
-  if (server) unlink(sock.c_str());
+  if (server) {
+    unlink(sock.c_str());
+    std::lock_guard<std::mutex> g2(g_sock_mu);
+    g_memif_sockets.push_back(sock);
+  }
   auto l = std::make_unique<Link>();
   l->name = "memif to pid " + std::to_string(peer_pid) + " (" + sock + ")";
   l->pool = memif_pool_;

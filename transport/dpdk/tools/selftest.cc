@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "transport/dpdk/dpdk_transport.h"
 #include "transport/transport.h"
 
 using harp::transport::CommInfo;
@@ -203,6 +204,8 @@ int main(int argc, char** argv) {
       // Streaming: rank 0 sends `window` messages at a time, rank 1 receives.
       int m = std::max<int>(20, static_cast<int>((256u << 20) / std::max<size_t>(bench, 1)));
       m = std::min(m, 20000);
+      auto* dt = dynamic_cast<harp::dpdk::DpdkTransport*>(t.get());
+      harp::dpdk::ProtocolStats s0 = dt ? dt->stats() : harp::dpdk::ProtocolStats{};
       double t1 = now();
       const int depth = 8;
       std::vector<Request> rq(depth);
@@ -233,7 +236,10 @@ int main(int argc, char** argv) {
       drive(t.get(), vf, timeout);
       double el = now() - t1;
       double gbps = static_cast<double>(bench) * m / el / 1e9;
-      printf("OK bench size=%zu latency_us=%.2f stream_GBps=%.3f msgs=%d\n", bench, lat * 1e6, gbps, m);
+      harp::dpdk::ProtocolStats s1 = dt ? dt->stats() : harp::dpdk::ProtocolStats{};
+      uint64_t pk = rank == 0 ? (s1.data_tx - s0.data_tx) + (s1.retx - s0.retx) : s1.data_rx - s0.data_rx;
+      printf("OK bench size=%zu latency_us=%.2f stream_GBps=%.3f msgs=%d data_pkts=%llu pps=%.0f retx=%llu\n", bench,
+             lat * 1e6, gbps, m, (unsigned long long)pk, pk / el, (unsigned long long)(s1.retx - s0.retx));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       return 0;
     }
