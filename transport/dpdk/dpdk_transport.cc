@@ -370,13 +370,20 @@ void DpdkTransport::handleControls() {
           break;
         }
         pl.heard = true;
-        if (c.flags & kFlagHeard) pl.acked = true;
+        if ((c.flags & kFlagHeard) && !pl.acked) {
+          pl.acked = true;
+          // Confirm once, so the peer completes even if it sent no HEARD hello
+          // yet and we leave at once (replies are otherwise never answered).
+          if (c.flags & kFlagReply) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
+        }
         if (!(c.flags & kFlagReply)) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
         break;
       case PktType::kAbort:
+        pl.acked = true;  // it got through its handshake with us
         proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " aborted the communicator: " + c.text);
         break;
       case PktType::kBye:
+        pl.acked = true;
         if (!proto_->peerFailed(c.peer))
           proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " closed its communicator (connection closed)");
         break;
