@@ -309,7 +309,7 @@ void Runtime::setupPort(Link* l, uint16_t port, unsigned want_mtu) {
   if (info.max_rx_pktlen > kEthHdrLen) mtu = std::min<unsigned>(mtu, info.max_rx_pktlen - kEthHdrLen);
   mtu = std::max<unsigned>(mtu, 256);
   unsigned mbufs = static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS", 8191));
-  if (!l->pool) l->pool = makePool("harp_l2_" + std::to_string(port), mbufs, mtu + kEthHdrLen);
+  if (!l->pool) l->pool = makePool("harp_l2_" + std::to_string(port), mbufs, std::max<unsigned>(mtu + kEthHdrLen, l->min_room));
 
   rte_eth_conf conf;
   std::memset(&conf, 0, sizeof conf);
@@ -383,7 +383,12 @@ Link* Runtime::l2Link() {
     std::string iface = s.substr(10);
     needIface(iface);
     l->name = s;
-    port = probePort("net_af_packet_harp,iface=" + iface + ",qpairs=1,blocksz=16384,framesz=16384,framecnt=512",
+    // af_packet's ring frames must fit in one mbuf: size them to the MTU.
+    unsigned framesz = 2048;
+    while (framesz < mtu + kEthHdrLen + 64) framesz *= 2;
+    l->min_room = framesz;
+    port = probePort("net_af_packet_harp,iface=" + iface + ",qpairs=1,blocksz=" + std::to_string(std::max(framesz, 4096u)) +
+                         ",framesz=" + std::to_string(framesz) + ",framecnt=1024",
                      s);
   } else if (s.rfind("af_xdp:", 0) == 0) {
     std::string iface = s.substr(7);

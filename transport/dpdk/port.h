@@ -45,6 +45,7 @@ class Link {
   uint16_t port = 0xffff;   // ethdev port id; 0xffff = software loopback
   MacAddr mac;
   uint32_t max_payload = 0; // HARP payload bytes per frame this link can carry
+  unsigned min_room = 0;    // smallest mbuf data room the PMD needs (af_packet frame size)
   rte_mempool* pool = nullptr;
   bool is_memif = false, memif_server = false;
   std::string memif_socket;
