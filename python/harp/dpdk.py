@@ -133,10 +133,12 @@ def init(args: list[str] | None = None, huge: bool | None = None) -> list[str]:
 
 
 def _devargs(spec: str) -> str:
+    def tag(iface):
+        return "".join(c if c.isalnum() else "_" for c in iface)
     if spec.startswith("af_packet:"):
-        return f"net_af_packet_py,iface={spec[10:]},qpairs=1"
+        return f"net_af_packet_py_{tag(spec[10:])},iface={spec[10:]},qpairs=1"
     if spec.startswith("af_xdp:"):
-        return f"net_af_xdp_py,iface={spec[7:]},start_queue=0,queue_count=1"
+        return f"net_af_xdp_py_{tag(spec[7:])},iface={spec[7:]},start_queue=0,queue_count=1"
     return spec
 
 
