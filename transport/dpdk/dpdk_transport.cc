@@ -103,7 +103,7 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   if (fault_.any()) HARP_WARN("dpdk: fault injection on received frames: %s", fault_.describe().c_str());
   ProtocolConfig pc;
   pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW", 256));
-  pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS", 1.0) * 1e6);
+  pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS", 5.0) * 1e6);
   pc.peer_timeout_ns = static_cast<uint64_t>(std::max(info.timeout_s, 1.0) * 1e9);
   pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES", 8u << 20);
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);

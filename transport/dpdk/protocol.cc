@@ -200,12 +200,15 @@ void Protocol::ackedEntry(Peer& p, InFlight& f, uint64_t now, bool sample_rtt) {
   moved_ = true;
 }
 
-void Protocol::retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than_ns, bool) {
-  for (uint32_t s = p.snd_una; s != p.snd_nxt; s++) {
+int Protocol::retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than_ns, int budget) {
+  int sent = 0;
+  for (uint32_t s = p.snd_una; s != p.snd_nxt && sent < budget; s++) {
     InFlight& f = p.ring[s % cfg_.window];
     if (!f.req || f.sacked || now - f.sent_ns < older_than_ns) continue;
     if (!sendData(p, peer, s, f, true)) break;
+    sent++;
   }
+  return sent;
 }
 
 void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
@@ -243,8 +246,12 @@ void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl)
   if (h.flags & kFlagWant) {
     // The receiver dropped data it had no room for and now has a buffer.
     p.backoff = 0;
-    retransmitDue(p, peer, now, 0, true);
-  } else if (any_sack) {
+    retransmitDue(p, peer, now, 0, cfg_.window);
+  } else if (p.snd_una != p.snd_nxt && now - p.ring[p.snd_una % cfg_.window].sent_ns >= p.rto_ns) {
+    // Recovery after a timeout: the ack clock drives the next few resends.
+    retransmitDue(p, peer, now, p.rto_ns, kRecoveryBurst);
+  }
+  if (any_sack && !(h.flags & kFlagWant)) {
     // Fast retransmit: holes below the highest selectively acked packet that
     // have been out for longer than a reordering allowance.
     uint64_t allowance = std::max<uint64_t>(p.srtt_ns / 2, 200'000);
@@ -416,9 +423,11 @@ bool Protocol::tick() {
       InFlight& oldest = p.ring[p.snd_una % cfg_.window];
       uint64_t rto = std::min<uint64_t>(p.rto_ns << std::min(p.backoff, 10), cfg_.rto_max_ns);
       if (oldest.req && !oldest.sacked && now - oldest.sent_ns >= rto) {
+        // Resend a few of the oldest (not the whole window: a late ack is far
+        // more likely here than a lost window); acks then clock out the rest.
         stats_.timeouts++;
         p.backoff++;
-        retransmitDue(p, peer, now, rto, true);
+        retransmitDue(p, peer, now, rto, kRecoveryBurst);
       }
       if (now - p.last_progress_ns > cfg_.peer_timeout_ns) {
         char why[200];

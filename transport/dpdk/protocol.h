@@ -47,7 +47,7 @@ struct PayloadView {
 
 struct ProtocolConfig {
   int window = 256;                 // packets in flight per peer (<= kSackBits)
-  uint64_t rto_min_ns = 2'000'000;  // retransmission timeout bounds
+  uint64_t rto_min_ns = 5'000'000;  // retransmission timeout bounds
   uint64_t rto_max_ns = 200'000'000;
   uint64_t peer_timeout_ns = 60'000'000'000ull;  // no ack progress for this long = peer failed
   size_t stage_bytes = 8u << 20;    // per peer: bytes buffered for receives not yet posted
@@ -167,7 +167,8 @@ class Protocol {
   void checkRecvHeader(Peer& p, int peer, RecvSlot& s, uint64_t tag, uint64_t len);
   void finishRecvs(Peer& p);
   void ackedEntry(Peer& p, InFlight& f, uint64_t now, bool sample_rtt);
-  void retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than_ns, bool all_holes);
+  int retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than_ns, int budget);
+  static constexpr int kRecoveryBurst = 16;
   bool sackHas(const Peer& p, uint32_t seq) const;
   void sackSet(Peer& p, uint32_t seq);
   void sackShift(Peer& p);
