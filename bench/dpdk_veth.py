@@ -63,6 +63,7 @@ def main():
     ap.add_argument("-n", default="20")
     ap.add_argument("--pmd", default="af_xdp")
     ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved rounds; best time per size is kept")
     a = ap.parse_args()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "MASTER_", "RANK", "WORLD_SIZE"))}
     base["PYTHONPATH"] = os.pathsep.join(sys.path)
@@ -85,14 +86,43 @@ def main():
                 return e
             return env
 
-        for kind in ("dpdk", "tcp"):
-            outs, rcs = run_all(hosts, lambda r, h: [sys.executable, "-m", "harp.bench.cli", *sweep_args],
-                                harp_env(kind))
-            if any(rcs):
-                print(f"# harp {kind} failed: {rcs}\n" + "\n".join(outs), file=sys.stderr)
-                continue
-            results["harp-" + kind] = parse_csv(outs[0])
+        def keep_best(name, rows):
+            # Several interleaved rounds, best per size: the machine is shared, and
+            # interleaving keeps one library from getting all the quiet moments.
+            best = results.setdefault(name, {})
+            for size, r in rows.items():
+                if size not in best or (r["us"] and best[size]["us"] and r["us"] < best[size]["us"]):
+                    best[size] = dict(r, wrong=(r["wrong"] or 0) + (best.get(size, {}).get("wrong") or 0))
 
+        for rep in range(a.repeat):
+            for kind in ("dpdk", "tcp"):
+                outs, rcs = run_all(hosts, lambda r, h: [sys.executable, "-m", "harp.bench.cli", *sweep_args],
+                                    harp_env(kind))
+                if any(rcs):
+                    print(f"# harp {kind} failed: {rcs}\n" + "\n".join(outs), file=sys.stderr)
+                    continue
+                keep_best("harp-" + kind, parse_csv(outs[0]))
+            run_gloo(a, hosts, base, data_ip0, keep_best)
+
+        # Packet rate and latency of the transport itself.
+        import harp
+        exe = os.path.join(os.path.dirname(harp.__file__), "harp_dpdk_selftest")
+        pps = {}
+        for size in (64, 8192, 1 << 20):
+            d = tempfile.mkdtemp(prefix="harp-pps-")
+
+            def senv(r, h):
+                return dict(base, HARP_DPDK_PORT=f"{a.pmd}:{h.data}", HARP_DPDK_HUGE=os.environ.get("HARP_DPDK_HUGE", "0"))
+            outs, rcs = run_all(hosts, lambda r, h: [exe, "--rank", str(r), "--size", "2", "--dir", d, "--bench",
+                                                     str(size)], senv, timeout=300)
+            m = re.search(r"OK bench .*", outs[0])
+            m1 = re.search(r"OK bench .*", outs[1])
+            pps[size] = (m.group(0) if m else "failed: " + outs[0][-300:], m1.group(0) if m1 else "")
+    report(a, sweep_args, results, pps)
+
+
+def run_gloo(a, hosts, base, data_ip0, keep_best):
+    if True:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "gloo.json")
             wargs = {"coll": a.collective, "minbytes": sweep.parse_size(a.b), "maxbytes": sweep.parse_size(a.e),
@@ -112,28 +142,16 @@ def main():
                     key = "ip_us" if r.get("ip_us") else "oop_us"
                     rows[r["size"]] = {"us": r[key], "busbw": sweep.busbw(a.collective, r, 2, key),
                                        "wrong": (r.get("ip_wrong") or 0) + (r.get("oop_wrong") or 0)}
-                results["gloo"] = rows
+                keep_best("gloo", rows)
             else:
                 print("# gloo failed:\n" + "\n".join(outs), file=sys.stderr)
 
-        # Packet rate and latency of the transport itself.
-        import harp
-        exe = os.path.join(os.path.dirname(harp.__file__), "harp_dpdk_selftest")
-        pps = {}
-        for size in (64, 8192, 1 << 20):
-            d = tempfile.mkdtemp(prefix="harp-pps-")
 
-            def senv(r, h):
-                return dict(base, HARP_DPDK_PORT=f"{a.pmd}:{h.data}", HARP_DPDK_HUGE=os.environ.get("HARP_DPDK_HUGE", "0"))
-            outs, rcs = run_all(hosts, lambda r, h: [exe, "--rank", str(r), "--size", "2", "--dir", d, "--bench",
-                                                     str(size)], senv, timeout=300)
-            m = re.search(r"OK bench .*", outs[0])
-            m1 = re.search(r"OK bench .*", outs[1])
-            pps[size] = (m.group(0) if m else "failed: " + outs[0][-300:], m1.group(0) if m1 else "")
-
+def report(a, sweep_args, results, pps):
     cmd = " ".join(["python", "bench/dpdk_veth.py"] + sys.argv[1:])
     print(f"## {a.collective}, 2 ranks in 2 network namespaces, {a.pmd} on veth (MTU {a.mtu})\n")
-    print(f"Command: `{cmd}` (harp-bench sweep: `harp-bench {' '.join(sweep_args)}` per rank)\n")
+    print(f"Command: `{cmd}` (harp-bench sweep: `harp-bench {' '.join(sweep_args)}` per rank; "
+          f"{a.repeat} interleaved rounds dpdk/tcp/gloo, best time per size)\n")
     libs = [x for x in ("harp-dpdk", "harp-tcp", "gloo") if x in results]
     print("| size | " + " | ".join(f"{l} us | {l} busbw GB/s" for l in libs) + " | dpdk/tcp busbw | dpdk/gloo busbw |")
     print("|---:|" + "---:|---:|" * len(libs) + "---:|---:|")

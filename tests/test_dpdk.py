@@ -155,6 +155,30 @@ def test_not_chosen_unless_configured():
     assert all(k == ["dpdk"] for k in res), res
 
 
+def _idle_cpu(rank, size):
+    import time
+    comm = harp.init()
+    comm.barrier()
+    if rank == 0:
+        time.sleep(3)  # everyone else waits inside the collective meanwhile
+    c0, w0 = time.process_time(), time.monotonic()
+    x = np.ones(16, dtype=np.float32)
+    comm.allreduce(x)
+    cpu, wall = time.process_time() - c0, time.monotonic() - w0
+    comm.destroy()
+    return cpu, wall, bool(np.all(x == size))
+
+
+def test_waiting_ranks_back_off_instead_of_spinning():
+    """Poll, then back off: 4 ranks on this 2-core machine, 3 of them waiting ~3 s for
+    the fourth must leave the CPUs mostly idle."""
+    res = run_ranks(4, _idle_cpu, env=MEMIF, timeout=120)
+    assert all(ok for _, _, ok in res), res
+    for cpu, wall, _ in res[1:]:
+        assert wall > 2.0, res
+        assert cpu < 0.35 * wall, f"a waiting rank used {cpu:.2f} s of CPU in {wall:.2f} s: {res}"
+
+
 def _split(rank, size):
     comm = harp.init()
     sub = comm.split(rank % 2, rank)
