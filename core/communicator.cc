@@ -227,6 +227,13 @@ void Communicator::connectAll() {
                 peers_[p].hostname.c_str(), t->name());
     }
   }
+  std::string kind;
+  for (auto* t : transport_of_) {
+    if (!t) continue;
+    if (kind.empty()) kind = t->name();
+    else if (kind != t->name()) kind = "mixed";
+  }
+  if (!kind.empty()) transport_kind_ = kind;
   HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
             reduceKernelName());
 }
@@ -289,13 +296,7 @@ void Communicator::validate(const CollArgs& a) const {
 
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
   if (!a.opts.algo.empty()) return a.opts.algo;
-  std::string tname;
-  for (auto* t : transport_of_) {
-    if (!t) continue;
-    if (tname.empty()) tname = t->name();
-    else if (tname != t->name()) tname = "mixed";
-  }
-  std::string algo = lookupAlgorithm(a.coll, tname.empty() ? "self" : tname, size_, bytesOf(a));
+  std::string algo = lookupAlgorithm(a.coll, transport_kind_, size_, bytesOf(a));
   if (algo.empty()) throw Error(Error::kInternal, std::string("tuning table has no row for ") + collName(a.coll));
   if (!findAlgorithm(a.coll, algo))
     throw InvalidArgument(std::string("tuning/HARP_ALGO names unknown algorithm '") + algo + "' for " +

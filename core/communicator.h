@@ -145,6 +145,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::vector<transport::Transport*> transport_of_;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of_;            // by peer rank
+  std::string transport_kind_ = "self";              // tuning key: a transport name or "mixed"
   uint32_t seq_ = 0;
   int split_seq_ = 0;
   std::vector<uint8_t> scratch_;

@@ -2,6 +2,9 @@
 // `generic` or `avx2`). Keep the loops simple: the compiler vectorizes them.
 #include <cstdint>
 #include <cstring>
+#if defined(__F16C__) && defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "core/reduce.h"
 
@@ -86,7 +89,20 @@ void halfLoop(void* out, const void* a, const void* b, size_t n, F f) {
   auto* o = static_cast<_Float16*>(out);
   auto* x = static_cast<const _Float16*>(a);
   auto* y = static_cast<const _Float16*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<_Float16>(f(static_cast<float>(x[i]), static_cast<float>(y[i])));
+  size_t i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+  // 8 lanes at a time: widen with vcvtph2ps, apply f on floats, round back
+  // (round-to-nearest-even) with vcvtps2ph.
+  float fx[8], fy[8], fo[8];
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(fx, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+    _mm256_storeu_ps(fy, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i))));
+    for (int k = 0; k < 8; ++k) fo[k] = f(fx[k], fy[k]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(fo), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) o[i] = static_cast<_Float16>(f(static_cast<float>(x[i]), static_cast<float>(y[i])));
 }
 template <class F>
 void bf16Loop(void* out, const void* a, const void* b, size_t n, F f) {

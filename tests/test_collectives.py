@@ -110,3 +110,38 @@ def test_tuning_table_and_override():
     assert res[0] == ("recursive_doubling", "ring", "halving_doubling")
     res = run_ranks(2, _algo_choice, env={"HARP_TRANSPORT": "tcp", "HARP_ALGO": "allreduce:0-1K:ring,allreduce:halving_doubling"})
     assert res[0] == ("ring", "halving_doubling", "halving_doubling")
+
+
+def _buffers(rank, size):
+    import array
+
+    comm = harp.init()
+    a = array.array("d", [rank + 1.0] * 5)          # buffer protocol, in place
+    comm.allreduce(a)
+    b = bytearray([rank + 1] * 3)                  # bytes as uint8
+    comm.allreduce(b, op="max")
+    out = {"array": list(a), "bytearray": list(b)}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:                          # a DLPack producer on the CPU
+        t = torch.full((4,), float(rank + 1))
+        comm.allreduce(t)
+        out["dlpack"] = t.tolist()
+        bf = np.full(8, rank + 1, dtype=np.uint16)  # bfloat16 bits in a uint16 array
+        bf[:] = np.array([rank + 1], dtype=np.float32).view(np.uint32) >> 16
+        comm.allreduce(bf, dtype="bfloat16")
+        out["bf16"] = float(np.array([int(bf[0]) << 16], dtype=np.uint32).view(np.float32)[0])
+    comm.destroy()
+    return out
+
+
+def test_buffer_protocol_dlpack_and_dtype_override():
+    res = run_ranks(3, _buffers, env={"HARP_TRANSPORT": "tcp"})
+    for out in res:
+        assert out["array"] == [6.0] * 5
+        assert out["bytearray"] == [3] * 3
+        if "dlpack" in out:
+            assert out["dlpack"] == [6.0] * 4
+            assert out["bf16"] == 6.0
