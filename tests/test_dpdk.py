@@ -105,6 +105,18 @@ def test_selftest_binary_two_and_three_processes(tmp_path):
         assert sum(o.count("bytes received and verified") for o in outs) == n, outs
 
 
+def test_ranks_as_threads_of_one_process(tmp_path):
+    """Several transports on one EAL in one process; peers reached by the loopback link."""
+    exe = dpdk_env.selftest_binary()
+    if not exe:
+        pytest.skip("harp_dpdk_selftest is not installed in the harp package")
+    env = dict(os.environ, HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", HARP_DPDK_FAULT="drop=0.03,reorder=0.03")
+    r = subprocess.run([exe, "--threads", "3", "--dir", str(tmp_path), "--iters", "20"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("bytes received and verified") == 3, r.stdout
+
+
 def test_mismatch_is_detected_on_the_wire(tmp_path):
     exe = dpdk_env.selftest_binary()
     if not exe:

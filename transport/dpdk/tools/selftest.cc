@@ -4,6 +4,7 @@
 //
 //   harp_dpdk_selftest --rank R --size N --dir DIR [--iters K] [--max-bytes B]
 //                      [--seed S] [--mismatch] [--bench SIZE] [--timeout T]
+//   harp_dpdk_selftest --threads N --dir DIR [...]   (N ranks as threads of one process)
 //
 // Ranks meet through files in DIR (pid.R, then blob.R). Each iteration every
 // rank sends one message to every other rank (sizes drawn from a seeded RNG
@@ -13,7 +14,7 @@
 // and must see Request::kMismatch. --bench SIZE (2 ranks): ping-pong latency
 // and one-way streaming throughput at SIZE bytes, with packets per second.
 // Prints "OK ..." and exits 0 on success; prints the failure and exits 1.
-// Single-threaded.
+// One thread per rank (--threads N runs N ranks in one process).
 #include <unistd.h>
 
 #include <chrono>
@@ -79,38 +80,25 @@ void drive(Transport* t, std::vector<Request*>& reqs, double timeout) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
-  int rank = -1, size = 2, iters = 50;
+struct Opts {
+  int rank = -1, size = 2, iters = 50, threads = 0;
   size_t max_bytes = 1 << 20;
   uint64_t seed = 1;
   std::string dir;
   bool mismatch = false;
   size_t bench = 0;
   double timeout = 60;
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value for " + a);
-      return argv[++i];
-    };
-    if (a == "--rank") rank = std::stoi(next());
-    else if (a == "--size") size = std::stoi(next());
-    else if (a == "--dir") dir = next();
-    else if (a == "--iters") iters = std::stoi(next());
-    else if (a == "--max-bytes") max_bytes = std::stoull(next());
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--mismatch") mismatch = true;
-    else if (a == "--bench") bench = std::stoull(next());
-    else if (a == "--timeout") timeout = std::stod(next());
-    else {
-      fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (rank < 0 || dir.empty()) {
-    fprintf(stderr, "usage: harp_dpdk_selftest --rank R --size N --dir DIR [...]\n");
-    return 2;
-  }
+};
+
+// One rank: connect through files in o.dir, then run the selected check.
+int runRank(Opts o, int rank) {
+  int size = o.size, iters = o.iters;
+  size_t max_bytes = o.max_bytes;
+  uint64_t seed = o.seed;
+  std::string dir = o.dir;
+  bool mismatch = o.mismatch;
+  size_t bench = o.bench;
+  double timeout = o.timeout;
   try {
     const auto* spec = harp::transport::findTransport("dpdk");
     if (!spec) throw std::runtime_error("the dpdk transport is not registered in this build");
@@ -310,4 +298,51 @@ int main(int argc, char** argv) {
     fflush(stdout);
     return 1;
   }
+}
+
+
+int main(int argc, char** argv) {
+  Opts o;
+  int& rank = o.rank; int& size = o.size; int& iters = o.iters; size_t& max_bytes = o.max_bytes;
+  uint64_t& seed = o.seed; std::string& dir = o.dir; bool& mismatch = o.mismatch; size_t& bench = o.bench;
+  double& timeout = o.timeout;
+  (void)rank; (void)size; (void)iters; (void)max_bytes; (void)seed; (void)mismatch; (void)bench; (void)timeout;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value for " + a);
+      return argv[++i];
+    };
+    if (a == "--rank") rank = std::stoi(next());
+    else if (a == "--size") size = std::stoi(next());
+    else if (a == "--dir") dir = next();
+    else if (a == "--iters") iters = std::stoi(next());
+    else if (a == "--max-bytes") max_bytes = std::stoull(next());
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--mismatch") mismatch = true;
+    else if (a == "--bench") bench = std::stoull(next());
+    else if (a == "--timeout") timeout = std::stod(next());
+    else if (a == "--threads") o.threads = std::stoi(next());
+    else {
+      fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if ((rank < 0 && o.threads == 0) || dir.empty()) {
+    fprintf(stderr, "usage: harp_dpdk_selftest --rank R --size N --dir DIR [...]\n");
+    return 2;
+  }
+  if (o.threads > 0) {
+    // Ranks as threads of this one process: one EAL, several transports,
+    // peers reached through the software loopback link.
+    size = o.threads;
+    std::vector<int> rc(size, 1);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < size; r++) ts.emplace_back([&, r] { rc[r] = runRank(o, r); });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < size; r++)
+      if (rc[r]) return 1;
+    return 0;
+  }
+  return runRank(o, rank);
 }
