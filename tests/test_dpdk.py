@@ -191,6 +191,18 @@ def test_waiting_ranks_back_off_instead_of_spinning():
         assert cpu < 0.35 * wall, f"a waiting rank used {cpu:.2f} s of CPU in {wall:.2f} s: {res}"
 
 
+def test_harp_bench_transport_dpdk():
+    """`harp-bench --transport dpdk` works with nothing else configured (memif between local ranks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
+    env.update(HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "--transport", "dpdk", "-np", "2",
+                        "-b", "8", "-e", "1M", "-f", "32", "-n", "5", "-w", "2", "--no-progress"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Out of bounds values : 0 OK" in r.stdout, r.stdout
+    assert "262144" in r.stdout
+
+
 def _split(rank, size):
     comm = harp.init()
     sub = comm.split(rank % 2, rank)

@@ -122,6 +122,9 @@ DpdkTransport::~DpdkTransport() {
             (unsigned long long)st.retx, (unsigned long long)st.timeouts, (unsigned long long)st.dup_rx,
             (unsigned long long)st.ooo_rx, (unsigned long long)st.acks_tx, (unsigned long long)st.acks_rx,
             (unsigned long long)st.staged, (unsigned long long)st.stage_drops);
+  for (Link* l : links_)
+    HARP_INFO("dpdk: link %s: tx dropped (ring full) %llu, frames for no receiver %llu", l->name.c_str(),
+              (unsigned long long)l->tx_drops.load(), (unsigned long long)l->rx_foreign.load());
   if (connected_ && !aborted_) {
     proto_->broadcastControl(PktType::kBye, "");
     flushTx();
@@ -502,7 +505,11 @@ transport::TransportSpec makeSpec() {
   s.unavailable = [] { return std::string(); };
   // Chosen automatically only when configured (HARP_DPDK_PORT set); otherwise
   // only when forced with HARP_TRANSPORT=dpdk.
-  s.reachable = [](const PeerInfo&, const PeerInfo&) { return env::has("HARP_DPDK_PORT"); };
+  // (CommOptions::transport is not visible here: forcing through the API alone
+  // needs HARP_DPDK_PORT or HARP_TRANSPORT=dpdk in the environment.)
+  s.reachable = [](const PeerInfo&, const PeerInfo&) {
+    return env::has("HARP_DPDK_PORT") || env::str("HARP_TRANSPORT") == "dpdk";
+  };
   s.create = [](const CommInfo& info, const std::vector<PeerInfo>& peers) -> std::unique_ptr<transport::Transport> {
     return std::make_unique<DpdkTransport>(info, peers);
   };
