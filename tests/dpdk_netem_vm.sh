@@ -51,15 +51,16 @@ export PATH=$(dirname "$PY"):/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 ip link set lo up
 cd $REPO/tests
 echo "GUEST: kernel \$(uname -r), netem: \$(ls /sys/module | grep -c sch_netem)"
-$PY -m pytest -p no:cacheprovider -q -rs test_dpdk.py -k "$KEXPR" --basetemp=/tmp/pt 2>&1 | grep -v '^[0-9]*: /'
-echo \$? > /tmp/harp-work/rc
+export HARP_TEST_NETEM_RANKS=2
+($PY -m pytest -p no:cacheprovider -q -rs test_dpdk.py -k "$KEXPR" --basetemp=/tmp/pt; echo \$? > /tmp/harp-work/rc) 2>&1 | grep -v '^[0-9]*: /'
+dmesg | grep -iE "oom|killed process" | tail -5
 EOF
 (cd $R && find . | cpio -o -H newc 2>/dev/null | gzip -1) > $W/initrd.gz
 echo "booting $KERNEL (TCG) to run: pytest test_dpdk.py -k '$KEXPR'"
-timeout 3000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3072 -smp 2 -nographic -no-reboot \
+timeout 3000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 4096 -smp 2 -nographic -no-reboot \
   -kernel $KERNEL -initrd $W/initrd.gz -append "console=ttyS0 quiet panic=-1" -nic none \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-  -virtfs local,path=$W/work,mount_tag=work,security_model=none | grep -v "^\s*$" || true
+  -virtfs local,path=$W/work,mount_tag=work,security_model=none | grep --line-buffered -v "^\s*$" || true
 RC=$(cat $W/work/rc 2>/dev/null || echo 3)
 echo "guest pytest exit status: $RC"
 exit $RC
