@@ -37,7 +37,9 @@ def _all(rank, size, sizes):
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_every_collective_over_memif(nranks):
+    socks = set(dpdk_env.leftover_memif_sockets())
     res = run_ranks(nranks, _all, (0, 1, 7, 1031, 70_001), env=MEMIF, timeout=600)
+    assert set(dpdk_env.leftover_memif_sockets()) <= socks  # memif socket files are removed
     failures = [f for fs, _, _ in res for f in fs]
     assert all(k == ["dpdk"] for _, _, k in res), res
     assert sum(c for _, c, _ in res) > 500 * nranks

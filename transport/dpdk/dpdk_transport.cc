@@ -221,6 +221,11 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
       if (!pl.acked && proto_->dataSeen(p)) pl.acked = true;
       if (pl.acked) continue;
       all = false;
+      if (pl.link->is_memif && pl.link->memif_server && pl.link->up() && !pl.link->socket_removed.exchange(true)) {
+        // Connected: nobody else will use this path (one link per process
+        // pair), so remove it now rather than at exit (forked ranks _exit).
+        unlink(pl.link->memif_socket.c_str());
+      }
       if (!pl.link->up()) {
         if (pl.link->is_memif && !pl.link->memif_server && now - last_restart > 500'000'000ull) {
           pl.link->restart();  // memif clients connect at start: retry

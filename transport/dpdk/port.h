@@ -49,6 +49,7 @@ class Link {
   rte_mempool* pool = nullptr;
   bool is_memif = false, memif_server = false;
   std::string memif_socket;
+  std::atomic<bool> socket_removed{false};  // memif server: path unlinked once connected
 
   bool loopback() const { return port == 0xffff; }
   bool up();                // link state (loopback: always)
