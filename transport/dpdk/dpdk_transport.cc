@@ -204,7 +204,8 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
     } else {
       link_index_[p] = static_cast<int>(it - links_.begin());
     }
-    proto_->setPeer(p, std::min(pl.link->max_payload, their_payload));
+    pl.payload = std::min(pl.link->max_payload, their_payload);
+    proto_->setPeer(p, pl.payload);
     pl.pair = std::make_unique<DpdkPair>(this, p);
   }
   connected_ = true;
@@ -242,10 +243,15 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
       for (int p : peers)
         if (!peers_[p].acked)
           who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + " via " +
-                 peers_[p].link->name + (peers_[p].link->up() ? "" : " (link down)");
+                 peers_[p].link->name + (peers_[p].link->up() ? "" : " (link down)") +
+                 (peers_[p].heard ? " (its frames arrive but our " +
+                                        std::to_string(peers_[p].payload + kWireOverhead) +
+                                        "-byte ones do not reach it: check the path's MTU or lower HARP_DPDK_MTU)"
+                                  : "");
       throw Error(Error::kTimeout, "HARP dpdk: no handshake within " + std::to_string((int)info_.timeout_s) +
                                        " s from " + who +
-                                       " (same L2 segment? same HARP_DPDK_PORT kind? peer process alive?)");
+                                       " (same L2 segment? does the path's MTU carry HARP's full-size frames? "
+                                       "same HARP_DPDK_PORT kind? peer process alive?)");
     }
     progressLocked();
     mu_.unlock();

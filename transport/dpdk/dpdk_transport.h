@@ -50,6 +50,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
     uint64_t start = 0;
     bool same_boot = false;
     bool heard = false, acked = false;
+    uint32_t payload = 0;  // HARP payload bytes per frame on this pair
     std::unique_ptr<transport::Pair> pair;
   };
   bool progressLocked();

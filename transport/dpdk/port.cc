@@ -394,6 +394,9 @@ Link* Runtime::l2Link() {
     std::string iface = s.substr(7);
     needIface(iface);
     l->name = s;
+    // DPDK 22.11's af_xdp receives into 2 KB umem chunks: frames above a
+    // 1500-byte MTU are dropped whatever the interface's MTU says.
+    mtu = std::min(mtu, 1500u);
     port = probePort("net_af_xdp_harp,iface=" + iface + ",start_queue=0,queue_count=1", s);
   } else if (s.rfind("net_", 0) == 0) {
     l->name = s;

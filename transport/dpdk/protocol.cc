@@ -151,7 +151,11 @@ void Protocol::broadcastControl(PktType type, const std::string& text) {
 }
 
 void Protocol::sendHello(int peer, uint64_t auth, uint8_t flags) {
-  uint8_t* b = io_->begin(peer, 0);
+  // Padded to the pair's full payload size: if full-size frames do not get
+  // through (an MTU the path cannot carry), the handshake fails and says so
+  // instead of the first large message stalling.
+  uint32_t pad = peers_[peer].max_payload;
+  uint8_t* b = io_->begin(peer, pad);
   if (!b) return;
   WireHdr* h = reinterpret_cast<WireHdr*>(b);
   std::memset(h, 0, sizeof *h);
@@ -163,7 +167,9 @@ void Protocol::sendHello(int peer, uint64_t auth, uint8_t flags) {
   h->src_rank = rank_;
   h->dst_rank = peer;
   h->tag = auth;
-  io_->commit(peer, 0);
+  h->payload_len = pad;
+  std::memset(b + kHdrLen, 0, pad);
+  io_->commit(peer, pad);
 }
 
 void Protocol::sendPing(int peer) {
