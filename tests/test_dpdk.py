@@ -329,42 +329,30 @@ def _run_on_hosts(tmp_path, n, pmd, netem=None, data_mtu=1500, sizes=(0, 1, 7, 1
 
 
 @pytest.mark.netns
-def test_path_mtu_smaller_than_the_ports_is_a_clear_error(tmp_path):
-    """Hosts' data veths at MTU 9000 behind a 1500-byte bridge: jumbo frames vanish on
-    the way. The padded handshake catches it and says so (no stall later)."""
-    why = netns.available()
-    if why:
-        pytest.skip(why)
-    prog = tmp_path / "p.py"
-    prog.write_text("import harp\ntry:\n    harp.init(timeout=8)\n    print('RESULT no error')\n"
-                    "except harp.HarpError as e:\n    print('RESULT', type(e).__name__, e)\n")
-    with dpdk_env.dpdk_hosts(2, data_mtu=1500) as hosts:
-        for h in hosts:
-            subprocess.run(h.cmd(["ip", "link", "set", h.data, "mtu", "9000"]), check=True)
-        base = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
-        env = dict(base, HARP_ADDR=f"{hosts[0].addr}:29521", HARP_SECRET="mtu", HARP_WORLD_SIZE="2",
-                   HARP_TRANSPORT="dpdk", HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192",
-                   PYTHONPATH=os.pathsep.join(sys.path))
-        procs = [h.popen([sys.executable, str(prog)], env=dict(env, HARP_RANK=str(r),
-                                                               HARP_DPDK_PORT=f"af_packet:{h.data}"),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r, h in enumerate(hosts)]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    lines = [l for o in outs for l in o.splitlines() if l.startswith("RESULT")]
-    assert len(lines) == 2, outs
-    for l in lines:
-        assert "HarpTimeoutError" in l and "no handshake" in l and "MTU" in l, l
-
-
-@pytest.mark.netns
 @pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
 def test_every_collective_over_veth_in_namespaces(tmp_path, pmd):
     _run_on_hosts(tmp_path, 3, pmd)
 
 
 @pytest.mark.netns
-def test_af_packet_jumbo_frames(tmp_path):
-    _run_on_hosts(tmp_path, 2, "af_packet", data_mtu=9000, sizes=(0, 1, 100_000), algos=("ring",),
-                  extra={"HARP_DEBUG": "INFO"})
+def test_af_packet_on_a_jumbo_veth(tmp_path):
+    # DPDK 22.11's af_packet reports a 1518-byte frame limit through ethdev, so HARP
+    # stays at MTU 1500 there even on a 9000-byte veth (jumbo frames: memif, NICs).
+    outs = _run_on_hosts(tmp_path, 2, "af_packet", data_mtu=9000, sizes=(0, 1, 100_000), algos=("ring",),
+                         extra={"HARP_DEBUG": "INFO"})
+    assert all("mtu 1500, 1436 payload bytes per frame" in o for o in outs), outs
+
+
+def test_memif_uses_jumbo_frames(tmp_path):
+    exe = dpdk_env.selftest_binary()
+    if not exe:
+        pytest.skip("harp_dpdk_selftest is not installed in the harp package")
+    env = dict(os.environ, HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", HARP_DEBUG="INFO")
+    procs = [subprocess.Popen([exe, "--rank", str(r), "--size", "2", "--dir", str(tmp_path), "--iters", "5"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert all("mtu 9000, 8936 payload bytes per frame, driver net_memif" in o for o in outs), outs
 
 
 def netem_unavailable():

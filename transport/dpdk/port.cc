@@ -345,7 +345,7 @@ void Runtime::setupPort(Link* l, uint16_t port, unsigned want_mtu) {
   l->port = port;
   // memif carries frames of any length (it chains descriptors of bsize bytes)
   // although it reports a 1518-byte maximum: use the configured MTU there.
-  if (l->is_memif) mtu = want_mtu;
+  if (l->is_memif || l->trust_mtu) mtu = want_mtu;
   l->max_payload = mtu - kHdrLen;
   HARP_INFO("dpdk: port %u (%s) up: mtu %u, %u payload bytes per frame, driver %s", port, l->name.c_str(), mtu,
             l->max_payload, info.driver_name);

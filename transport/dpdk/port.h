@@ -48,6 +48,7 @@ class Link {
   unsigned min_room = 0;    // smallest mbuf data room the PMD needs (af_packet frame size)
   rte_mempool* pool = nullptr;
   bool is_memif = false, memif_server = false;
+  bool trust_mtu = false;   // the PMD under-reports its frame limit: use the MTU asked for
   std::string memif_socket;
   std::atomic<bool> socket_removed{false};  // memif server: path unlinked once connected
 
