@@ -132,6 +132,23 @@ PYBIND11_MODULE(_harp, m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("timeout", &Communicator::timeout)
       .def("transport_name", &Communicator::transportName)
+      // Lean blocking path for the common collectives (no p2p, no v-counts, no
+      // per-call timeout): fewer argument conversions on every call.
+      .def("run",
+           [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+              const std::string& algo) {
+             CollArgs a;
+             a.coll = static_cast<CollType>(coll);
+             a.sendbuf = reinterpret_cast<const void*>(send);
+             a.recvbuf = reinterpret_cast<void*>(recv);
+             a.count = count;
+             a.dtype = static_cast<DataType>(dtype);
+             a.op = static_cast<ReduceOp>(op);
+             a.root = root;
+             a.opts.algo = algo;
+             py::gil_scoped_release nogil;
+             c.submit(std::move(a), false);
+           })
       .def("submit",
            [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
               int peer, uint32_t tag, const std::string& algo, double timeout, bool async,

@@ -106,6 +106,9 @@ void Work::finish(std::exception_ptr e) {
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = opts_.timeout_s > 0 ? opts_.timeout_s : env::real("HARP_TIMEOUT", 300.0);
+  tuning_ = TuningTable::fromEnvironment();
+  spin_ = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
+  segment_bytes_ = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
 }
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
@@ -268,6 +271,16 @@ void Communicator::validate(const CollArgs& a) const {
   if ((a.coll == CollType::kSend || a.coll == CollType::kRecv) && (a.peer < 0 || a.peer >= size_ || a.peer == rank_))
     throw InvalidArgument(std::string(name) + ": peer " + std::to_string(a.peer) + " is not another rank of " +
                           std::to_string(size_));
+  if (a.coll == CollType::kP2pBatch) {
+    for (const P2pOp& o : a.p2p) {
+      if (o.peer < 0 || o.peer >= size_)
+        throw InvalidArgument(std::string(o.send ? "send" : "recv") + ": peer " + std::to_string(o.peer) +
+                              " is out of range for " + std::to_string(size_) + " ranks");
+      if (o.count > 0 && !o.buf)
+        throw InvalidArgument(std::string(o.send ? "send" : "recv") + ": buffer is null");
+    }
+    return;
+  }
   if (a.coll == CollType::kAlltoallv) {
     if (a.sendcounts.size() != (size_t)size_ || a.sdispls.size() != (size_t)size_ ||
         a.recvcounts.size() != (size_t)size_ || a.rdispls.size() != (size_t)size_)
@@ -296,7 +309,7 @@ void Communicator::validate(const CollArgs& a) const {
 
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
   if (!a.opts.algo.empty()) return a.opts.algo;
-  std::string algo = lookupAlgorithm(a.coll, transport_kind_, size_, bytesOf(a));
+  std::string algo = tuning_.lookup(a.coll, transport_kind_, size_, bytesOf(a));
   if (algo.empty()) throw Error(Error::kInternal, std::string("tuning table has no row for ") + collName(a.coll));
   if (!findAlgorithm(a.coll, algo))
     throw InvalidArgument(std::string("tuning/HARP_ALGO names unknown algorithm '") + algo + "' for " +
@@ -371,7 +384,7 @@ void Communicator::runCollective(CollArgs& a) {
     std::lock_guard<std::mutex> g(broken_mu_);
     throw Error(broken_kind_, broken_reason_);
   }
-  bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv;
+  bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
   uint32_t seq = p2p ? 0 : ++seq_;
   // p2p: both sides must agree on "send" vs "recv" being the same message, so
   // they share one tag kind; the user tag travels in the root field.
@@ -486,7 +499,24 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   a.dtype = DataType::kInt64;
   submit(std::move(a), false);
   int seq = ++split_seq_;
-  if (color < 0) return nullptr;
+  // The new communicators rendezvous through the store, which may live in
+  // another rank's process (rank 0 hosts the unique id's server): a barrier
+  // on this communicator keeps every rank here until all are done with it.
+  std::shared_ptr<Communicator> made;
+  std::exception_ptr err;
+  if (color >= 0) {
+    try {
+      made = splitCreate(all, color, seq);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  barrier(false);
+  if (err) std::rethrow_exception(err);
+  return made;
+}
+
+std::shared_ptr<Communicator> Communicator::splitCreate(const std::vector<int64_t>& all, int color, int seq) {
   std::vector<std::pair<int64_t, int>> members;
   for (int r = 0; r < size_; ++r)
     if (all[2 * r] == color) members.push_back({all[2 * r + 1], r});

@@ -33,6 +33,7 @@
 
 #include "core/bootstrap.h"
 #include "core/store.h"
+#include "core/tuning.h"
 #include "core/types.h"
 #include "transport/transport.h"
 
@@ -51,6 +52,17 @@ struct CollOptions {
   double timeout_s = -1;       // < 0: the communicator's timeout
 };
 
+// One send or receive of a p2p_batch (NCCL's grouped ncclSend/ncclRecv). Each
+// travels exactly like a single send/recv with the batch's dtype and tag, so
+// it matches a plain send/recv on the peer; peer == this rank is a local copy
+// paired, in order, with this rank's own receive.
+struct P2pOp {
+  bool send = true;
+  int peer = -1;
+  void* buf = nullptr;  // read for a send, written for a receive
+  size_t count = 0;     // elements
+};
+
 // Everything a collective needs; counts are in elements.
 struct CollArgs {
   CollType coll = CollType::kAllreduce;
@@ -65,6 +77,7 @@ struct CollArgs {
   int peer = -1;  // send/recv
   uint32_t tag = 0;  // send/recv user tag
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // alltoallv
+  std::vector<P2pOp> p2p;  // p2p_batch: posted together, then waited for together
   CollOptions opts;
 };
 
@@ -134,6 +147,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void validate(const CollArgs& a) const;
   void workerLoop();
   void markBroken(const std::string& why);
+  std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 
   std::shared_ptr<Store> store_;
   int rank_, size_;
@@ -146,6 +160,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<transport::Transport*> transport_of_;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of_;            // by peer rank
   std::string transport_kind_ = "self";              // tuning key: a transport name or "mixed"
+  // Configuration read from the environment when the communicator is created.
+  TuningTable tuning_;
+  int spin_ = 64;              // HARP_SPIN: progress polls before yielding, then blocking
+  size_t segment_bytes_ = 0;   // HARP_SEGMENT_BYTES: pipelining segment
   uint32_t seq_ = 0;
   int split_seq_ = 0;
   std::vector<uint8_t> scratch_;

@@ -50,21 +50,25 @@ Context::Context(Communicator& comm, const CollArgs& args, uint64_t tag, double 
     : comm_(comm), args_(args), tag_(tag), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()),
       esize_(dtypeSize(args.dtype)) {}
 
-Request* Context::isend(int peer, const void* buf, size_t bytes) {
+Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(peer, buf, bytes, tag_); }
+
+Request* Context::irecv(int peer, void* buf, size_t bytes) { return irecv(peer, buf, bytes, tag_); }
+
+Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag) {
   Request& r = reqs_.emplace_back();
   r.buf = const_cast<void*>(buf);
   r.len = bytes;
-  r.tag = tag_;
+  r.tag = tag;
   r.peer = peer;
   comm_.pair_of_[peer]->isend(&r);
   return &r;
 }
 
-Request* Context::irecv(int peer, void* buf, size_t bytes) {
+Request* Context::irecv(int peer, void* buf, size_t bytes, uint64_t tag) {
   Request& r = reqs_.emplace_back();
   r.buf = buf;
   r.len = bytes;
-  r.tag = tag_;
+  r.tag = tag;
   r.peer = peer;
   comm_.pair_of_[peer]->irecv(&r);
   return &r;
@@ -72,7 +76,7 @@ Request* Context::irecv(int peer, void* buf, size_t bytes) {
 
 void Context::check(Request* r) {
   if (r->state != Request::kFailed) return;
-  std::string op = describeTag(tag_);
+  std::string op = describeTag(r->tag);
   if (r->failure == Request::kMismatch) {
     throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(rank_) + " and rank " +
                                       std::to_string(r->peer) + ": rank " + std::to_string(rank_) + " called " +
@@ -91,7 +95,7 @@ void Context::wait(Request* r) { waitAll({r}); }
 void Context::waitAll(std::initializer_list<Request*> rs) { waitAll(std::vector<Request*>(rs)); }
 
 void Context::waitAll(const std::vector<Request*>& rs) {
-  static const int kSpin = static_cast<int>(env::integer("HARP_SPIN", 64));
+  const int kSpin = comm_.spin_;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
   auto& transports = comm_.transports_;
@@ -149,14 +153,13 @@ void Context::sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* 
   waitAll({s, r});
 }
 
+transport::Transport* Context::transportOf(int peer) const { return comm_.transport_of_.at(peer); }
+
 void* Context::scratch(size_t bytes) {
   if (comm_.scratch_.size() < bytes) comm_.scratch_.resize(bytes);
   return comm_.scratch_.data();
 }
 
-size_t Context::segmentBytes() const {
-  static const size_t seg = env::bytes("HARP_SEGMENT_BYTES", 512 << 10);
-  return std::max<size_t>(seg, 4096);
-}
+size_t Context::segmentBytes() const { return comm_.segment_bytes_; }
 
 }  // namespace harp

@@ -36,6 +36,10 @@ class Context {
 
   Request* isend(int peer, const void* buf, size_t bytes);
   Request* irecv(int peer, void* buf, size_t bytes);
+  // The same with an explicit message tag instead of the collective's (p2p_batch:
+  // each message carries the tag a single send/recv of its size would).
+  Request* isend(int peer, const void* buf, size_t bytes, uint64_t tag);
+  Request* irecv(int peer, void* buf, size_t bytes, uint64_t tag);
   void wait(Request* r);
   void waitAll(std::initializer_list<Request*> rs);
   void waitAll(const std::vector<Request*>& rs);
@@ -46,6 +50,13 @@ class Context {
   void* scratch(size_t bytes);
   // Pipelining segment size in bytes (HARP_SEGMENT_BYTES, default 512K).
   size_t segmentBytes() const;
+
+  // For transport-specific algorithms (e.g. allreduce_shm, which reaches the
+  // shm transport's shared buffers via dynamic_cast): the transport serving
+  // `peer` (nullptr for this rank), this collective's tag and timeout.
+  transport::Transport* transportOf(int peer) const;
+  uint64_t tag() const { return tag_; }
+  double timeout() const { return timeout_s_; }
 
  private:
   void check(Request* r);

@@ -88,19 +88,25 @@ std::vector<TuningRow> parseAlgoOverride(const std::string& spec) {
   return rows;
 }
 
-std::string lookupAlgorithm(CollType c, const std::string& transport, int ranks, size_t bytes) {
-  static const std::vector<TuningRow> overrides = parseAlgoOverride(env::str("HARP_ALGO"));
-  static const std::vector<TuningRow> table = [] {
-    std::string file = env::str("HARP_TUNING_FILE");
-    if (file.empty()) return parseTuning(kBuiltinTuningTable, "core/tuning.tsv");
+TuningTable TuningTable::fromEnvironment() {
+  TuningTable t;
+  t.overrides = parseAlgoOverride(env::str("HARP_ALGO"));
+  std::string file = env::str("HARP_TUNING_FILE");
+  if (file.empty()) {
+    t.rows = parseTuning(kBuiltinTuningTable, "core/tuning.tsv");
+  } else {
     std::ifstream f(file);
     if (!f) throw InvalidArgument("HARP_TUNING_FILE='" + file + "' cannot be read");
     std::stringstream ss;
     ss << f.rdbuf();
-    return parseTuning(ss.str(), file);
-  }();
-  for (const auto* rows : {&overrides, &table})
-    for (const auto& r : *rows) {
+    t.rows = parseTuning(ss.str(), file);
+  }
+  return t;
+}
+
+std::string TuningTable::lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const {
+  for (const auto* list : {&overrides, &rows})
+    for (const auto& r : *list) {
       if (r.coll != c) continue;
       if (r.transport != "*" && r.transport != transport) continue;
       if (ranks < r.min_ranks || ranks > r.max_ranks) continue;

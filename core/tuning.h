@@ -27,7 +27,15 @@ struct TuningRow {
 std::vector<TuningRow> parseTuning(const std::string& text, const std::string& source);
 // HARP_ALGO syntax; rows it yields match any transport and rank count.
 std::vector<TuningRow> parseAlgoOverride(const std::string& spec);
-// The algorithm for this collective; "" if no row matches.
-std::string lookupAlgorithm(CollType c, const std::string& transport, int ranks, size_t bytes);
+
+// The table a communicator uses: HARP_ALGO rows first, then HARP_TUNING_FILE or
+// the built-in table. Read when the communicator is created (not cached per
+// process), so each communicator sees the environment of its creation.
+struct TuningTable {
+  std::vector<TuningRow> overrides, rows;
+  static TuningTable fromEnvironment();
+  // The algorithm for this collective; "" if no row matches.
+  std::string lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const;
+};
 
 }  // namespace harp

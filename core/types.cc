@@ -11,7 +11,8 @@ const size_t kDtypeSizes[kNumDataTypes] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1};
 const char* kOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 const char* kCollNames[kNumCollTypes] = {"allreduce", "broadcast",  "reduce", "allgather",
                                          "reduce_scatter", "alltoall", "alltoallv", "gather",
-                                         "scatter", "barrier", "send", "recv"};
+                                         "scatter", "barrier", "send", "recv",
+                                         "p2p_batch"};
 
 template <size_t N>
 int lookup(const char* (&names)[N], const std::string& s) {

@@ -53,8 +53,9 @@ enum class CollType : uint8_t {
   kBarrier = 9,
   kSend = 10,
   kRecv = 11,
+  kP2pBatch = 12,  // a group of sends and receives that progress together (CollArgs::p2p)
 };
-constexpr int kNumCollTypes = 12;
+constexpr int kNumCollTypes = 13;
 
 size_t dtypeSize(DataType dt);
 const char* dtypeName(DataType dt);

@@ -12,3 +12,4 @@ ninja -C build/dev -j"${JOBS:-2}"
 rm -f python/harp/*.so
 cp build/dev/libharp.so python/harp/
 find build/dev/bindings -maxdepth 1 -name '*.so' -exec cp {} python/harp/ \;
+cp build/dev/libharp-nccl.so python/harp/ 2>/dev/null || true

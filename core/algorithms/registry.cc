@@ -9,6 +9,7 @@ const Algorithm kAlgorithms[] = {
     {CollType::kAllreduce, "ring", allreduceRing},
     {CollType::kAllreduce, "halving_doubling", allreduceHalvingDoubling},
     {CollType::kAllreduce, "recursive_doubling", allreduceRecursiveDoubling},
+    {CollType::kAllreduce, "shm", allreduceShm},
     {CollType::kBroadcast, "binomial", broadcastBinomial},
     {CollType::kBroadcast, "pipeline", broadcastPipeline},
     {CollType::kReduce, "binomial", reduceBinomial},
@@ -22,6 +23,7 @@ const Algorithm kAlgorithms[] = {
     {CollType::kBarrier, "dissemination", barrierDissemination},
     {CollType::kSend, "direct", sendDirect},
     {CollType::kRecv, "direct", recvDirect},
+    {CollType::kP2pBatch, "batch", p2pBatch},
 };
 }  // namespace
 

@@ -31,6 +31,7 @@ std::string algorithmList(CollType c);  // "ring, halving_doubling, ..."
 void allreduceRing(Context&);
 void allreduceHalvingDoubling(Context&);
 void allreduceRecursiveDoubling(Context&);
+void allreduceShm(Context&);  // shm transport only (allreduce_shm.cc)
 void broadcastBinomial(Context&);
 void broadcastPipeline(Context&);
 void reduceBinomial(Context&);
@@ -44,6 +45,7 @@ void scatterLinear(Context&);
 void barrierDissemination(Context&);
 void sendDirect(Context&);
 void recvDirect(Context&);
+void p2pBatch(Context&);
 
 // Helpers shared by algorithms.
 // Copy n bytes unless src == dst.

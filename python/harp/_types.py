@@ -47,6 +47,7 @@ class Coll(enum.IntEnum):
     barrier = 9
     send = 10
     recv = 11
+    p2p_batch = 12
 
 
 _NP_TO_DT = {

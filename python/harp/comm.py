@@ -109,6 +109,9 @@ class Communicator:
     # -- plumbing ---------------------------------------------------------------------
     def _run(self, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0, algo=None,
              timeout=None, async_op=False, result=None, keep=(), v=None):
+        if not async_op and v is None and peer < 0 and timeout is None:
+            self._c.run(int(coll), send, recv, int(count), int(dt), int(op), int(root), algo or "")
+            return result
         sc, sd, rc, rd = v if v is not None else ([], [], [], [])
         w = self._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer), int(tag),
                            algo or "", -1.0 if timeout is None else float(timeout), bool(async_op), sc, sd, rc, rd)

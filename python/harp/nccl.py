@@ -1,0 +1,421 @@
+"""harp.nccl — the ``cupy.cuda.nccl`` API, served by HARP.
+
+Code written for CuPy's NCCL wrapper runs by changing one import::
+
+    from harp import nccl            # instead of: from cupy.cuda import nccl
+    uid = nccl.get_unique_id()       # on one rank; share it with the others
+    comm = nccl.NcclCommunicator(nranks, uid, rank)
+    comm.allReduce(x.ctypes.data, y.ctypes.data, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+
+Buffers are addresses (ints), as in CuPy: host memory always works; CUDA device
+memory (e.g. ``cupy.ndarray.data.ptr``) works when a CUDA runtime can be loaded,
+and the collective is then ordered on ``stream`` (an int, or an object with a
+``ptr`` attribute such as ``cupy.cuda.Stream``). As a convenience, numpy/cupy
+arrays (anything with ``__array_interface__`` / ``__cuda_array_interface__``)
+are accepted wherever an address is.
+
+This module is a ctypes layer over ``libharp-nccl.so`` (the same library that
+serves C programs through LD_PRELOAD), so both paths share one implementation.
+Threading: as NCCL — one thread per communicator at a time; ctypes releases the
+GIL during every call, so several threads may drive several communicators.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+NCCL_UNIQUE_ID_BYTES = 128
+
+# ncclResult_t
+NCCL_SUCCESS = 0
+NCCL_UNHANDLED_CUDA_ERROR = 1
+NCCL_SYSTEM_ERROR = 2
+NCCL_INTERNAL_ERROR = 3
+NCCL_INVALID_ARGUMENT = 4
+NCCL_INVALID_USAGE = 5
+NCCL_REMOTE_ERROR = 6
+NCCL_IN_PROGRESS = 7
+
+# ncclRedOp_t
+NCCL_SUM = 0
+NCCL_PROD = 1
+NCCL_MAX = 2
+NCCL_MIN = 3
+NCCL_AVG = 4
+
+# ncclDataType_t
+NCCL_INT8 = NCCL_CHAR = 0
+NCCL_UINT8 = 1
+NCCL_INT32 = NCCL_INT = 2
+NCCL_UINT32 = 3
+NCCL_INT64 = 4
+NCCL_UINT64 = 5
+NCCL_FLOAT16 = NCCL_HALF = 6
+NCCL_FLOAT32 = NCCL_FLOAT = 7
+NCCL_FLOAT64 = NCCL_DOUBLE = 8
+NCCL_BFLOAT16 = 9
+
+NCCL_SPLIT_NOCOLOR = -1
+# ncclScalarResidence_t
+NCCL_SCALAR_DEVICE = 0
+NCCL_SCALAR_HOST_IMMEDIATE = 1
+
+_ERROR_NAMES = {
+    0: "NCCL_ERROR_SUCCESS",
+    1: "NCCL_ERROR_UNHANDLED_CUDA_ERROR",
+    2: "NCCL_ERROR_SYSTEM_ERROR",
+    3: "NCCL_ERROR_INTERNAL_ERROR",
+    4: "NCCL_ERROR_INVALID_ARGUMENT",
+    5: "NCCL_ERROR_INVALID_USAGE",
+    6: "NCCL_ERROR_REMOTE_ERROR",
+    7: "NCCL_ERROR_IN_PROGRESS",
+}
+
+_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
+
+available = True
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * NCCL_UNIQUE_ID_BYTES)]
+
+
+def library_path() -> str:
+    """Path of libharp-nccl.so (HARP_NCCL_LIB overrides)."""
+    return os.environ.get("HARP_NCCL_LIB") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                            "libharp-nccl.so")
+
+
+_lib = None
+
+
+def _cudart_hint():
+    """Point libharp-nccl.so at a pip-installed CUDA runtime (nvidia-cuda-runtime-cu12,
+    as torch and cupy wheels bring) when the system has none on its library path."""
+    if os.environ.get("HARP_CUDART"):
+        return
+    import ctypes.util
+    import glob
+    import sys
+
+    if ctypes.util.find_library("cudart"):
+        return
+    for d in sys.path:
+        hits = sorted(glob.glob(os.path.join(d or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        if hits:
+            os.environ["HARP_CUDART"] = hits[0]
+            return
+
+
+def _L():
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = library_path()
+    if not os.path.exists(path):
+        raise ImportError(f"harp.nccl: {path} does not exist (this HARP build has no NCCL library)")
+    _cudart_hint()
+    lib = ctypes.CDLL(path)
+    P, I, S, VP = ctypes.POINTER, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+    sig = {
+        "ncclGetVersion": [P(I)],
+        "ncclGetUniqueId": [P(_UniqueId)],
+        "ncclCommInitRank": [P(VP), I, _UniqueId, I],
+        "ncclCommInitAll": [P(VP), I, P(I)],
+        "ncclCommSplit": [VP, I, I, P(VP), VP],
+        "ncclCommFinalize": [VP],
+        "ncclCommDestroy": [VP],
+        "ncclCommAbort": [VP],
+        "ncclCommGetAsyncError": [VP, P(I)],
+        "ncclCommCount": [VP, P(I)],
+        "ncclCommCuDevice": [VP, P(I)],
+        "ncclCommUserRank": [VP, P(I)],
+        "ncclCommRegister": [VP, VP, S, P(VP)],
+        "ncclCommDeregister": [VP, VP],
+        "ncclMemAlloc": [P(VP), S],
+        "ncclMemFree": [VP],
+        "ncclRedOpCreatePreMulSum": [P(I), VP, I, I, VP],
+        "ncclRedOpDestroy": [I, VP],
+        "ncclAllReduce": [VP, VP, S, I, I, VP, VP],
+        "ncclReduce": [VP, VP, S, I, I, I, VP, VP],
+        "ncclBroadcast": [VP, VP, S, I, I, VP, VP],
+        "ncclBcast": [VP, S, I, I, VP, VP],
+        "ncclReduceScatter": [VP, VP, S, I, I, VP, VP],
+        "ncclAllGather": [VP, VP, S, I, VP, VP],
+        "ncclSend": [VP, S, I, I, VP, VP],
+        "ncclRecv": [VP, S, I, I, VP, VP],
+        "ncclGroupStart": [],
+        "ncclGroupEnd": [],
+    }
+    for name, args in sig.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = I
+    for name in ("ncclGetErrorString",):
+        getattr(lib, name).argtypes = [I]
+        getattr(lib, name).restype = ctypes.c_char_p
+    lib.ncclGetLastError.argtypes = [VP]
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+    lib.harpNcclCallsServed.argtypes = []
+    lib.harpNcclCallsServed.restype = ctypes.c_ulonglong
+    _lib = lib
+    return lib
+
+
+class NcclError(RuntimeError):
+    """An NCCL call failed. ``status`` is the ncclResult_t; the message carries
+    NCCL's error string and HARP's detailed text (ncclGetLastError)."""
+
+    def __init__(self, status: int, detail: str = ""):
+        self.status = status
+        self.detail = detail
+        msg = _L().ncclGetErrorString(status).decode()
+        text = f"{_ERROR_NAMES.get(status, 'NCCL_ERROR_' + str(status))}: {msg}"
+        super().__init__(text + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.detail))
+
+
+def _check(status: int, comm=None):
+    if status != NCCL_SUCCESS:
+        detail = _L().ncclGetLastError(comm)
+        raise NcclError(status, detail.decode(errors="replace") if detail else "")
+
+
+def _ptr(x) -> int:
+    """An address from an int, a cupy/numpy array or memory pointer."""
+    if x is None:
+        return 0
+    if isinstance(x, int):
+        return x
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    ai = getattr(x, "__array_interface__", None)
+    if ai is not None:
+        return int(ai["data"][0])
+    if hasattr(x, "ptr"):
+        return int(x.ptr)
+    raise TypeError(f"harp.nccl: cannot take the address of {type(x).__name__} (pass an int, an array, or .data.ptr)")
+
+
+def _stream(s) -> int:
+    if s is None:
+        return 0
+    if isinstance(s, int):
+        return s
+    if hasattr(s, "ptr"):
+        return int(s.ptr)
+    raise TypeError(f"harp.nccl: stream must be an int or have .ptr, got {type(s).__name__}")
+
+
+def get_build_version() -> int:
+    return 22105
+
+
+def get_version() -> int:
+    v = ctypes.c_int()
+    _check(_L().ncclGetVersion(ctypes.byref(v)))
+    return v.value
+
+
+def get_unique_id() -> tuple:
+    """128 signed bytes, as CuPy returns them. Starts HARP's rendezvous service
+    in this process: call it on one rank only and keep that process alive."""
+    uid = _UniqueId()
+    _check(_L().ncclGetUniqueId(ctypes.byref(uid)))
+    raw = ctypes.string_at(ctypes.addressof(uid), NCCL_UNIQUE_ID_BYTES)
+    return tuple(b - 256 if b > 127 else b for b in raw)
+
+
+def _to_uid(comm_id) -> _UniqueId:
+    if isinstance(comm_id, (bytes, bytearray)):
+        raw = bytes(comm_id)
+    else:
+        raw = bytes((int(b) + 256) % 256 for b in comm_id)
+    if len(raw) != NCCL_UNIQUE_ID_BYTES:
+        raise ValueError(f"harp.nccl: a unique id has {NCCL_UNIQUE_ID_BYTES} bytes, got {len(raw)}")
+    uid = _UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), raw, NCCL_UNIQUE_ID_BYTES)
+    return uid
+
+
+def groupStart():
+    _check(_L().ncclGroupStart())
+
+
+def groupEnd():
+    _check(_L().ncclGroupEnd())
+
+
+def get_last_error() -> str:
+    """HARP extension: ncclGetLastError(NULL) for this thread."""
+    t = _L().ncclGetLastError(None)
+    return t.decode(errors="replace") if t else ""
+
+
+def calls_served() -> int:
+    """HARP extension: NCCL calls served by libharp-nccl.so in this process."""
+    return int(_L().harpNcclCallsServed())
+
+
+def mem_alloc(size: int) -> int:
+    """ncclMemAlloc: device memory when CUDA is usable, else aligned host memory."""
+    p = ctypes.c_void_p()
+    _check(_L().ncclMemAlloc(ctypes.byref(p), size))
+    return p.value or 0
+
+
+def mem_free(ptr: int):
+    _check(_L().ncclMemFree(ptr))
+
+
+class NcclCommunicator:
+    """One rank of an NCCL communicator (``ncclCommInitRank``).
+
+    Args:
+        ndev: number of ranks.
+        commId: the tuple from :func:`get_unique_id` (bytes also accepted).
+        rank: this rank, 0 <= rank < ndev.
+    """
+
+    def __init__(self, ndev: int, commId, rank: int):
+        self._comm = None
+        c = ctypes.c_void_p()
+        _check(_L().ncclCommInitRank(ctypes.byref(c), ndev, _to_uid(commId), rank))
+        self._comm = c.value
+
+    @classmethod
+    def _wrap(cls, handle: int) -> "NcclCommunicator":
+        obj = cls.__new__(cls)
+        obj._comm = handle
+        return obj
+
+    @staticmethod
+    def initAll(devices):
+        """Several ranks in this process (``ncclCommInitAll``): an int (count) or a list of device ids."""
+        if isinstance(devices, int):
+            ndev, devlist = devices, None
+        elif isinstance(devices, (list, tuple)):
+            ndev, devlist = len(devices), list(devices)
+        else:
+            raise ValueError('"devices" should be an int or a list of int.')
+        arr = (ctypes.c_void_p * ndev)()
+        dl = (ctypes.c_int * ndev)(*devlist) if devlist is not None else None
+        _check(_L().ncclCommInitAll(arr, ndev, dl))
+        return [NcclCommunicator._wrap(arr[i]) for i in range(ndev)]
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:
+            pass
+
+    @property
+    def comm(self) -> int:
+        return self._comm or 0
+
+    def _c(self):
+        if not self._comm:
+            raise NcclError(NCCL_INVALID_USAGE, "communicator has been destroyed or aborted")
+        return self._comm
+
+    def destroy(self):
+        if self._comm:
+            c, self._comm = self._comm, None
+            _check(_L().ncclCommDestroy(c))
+
+    def abort(self):
+        if self._comm:
+            c, self._comm = self._comm, None
+            _check(_L().ncclCommAbort(c))
+
+    def finalize(self):
+        _check(_L().ncclCommFinalize(self._c()), self._comm)
+
+    def split(self, color: int, key: int):
+        """ncclCommSplit; None for NCCL_SPLIT_NOCOLOR."""
+        out = ctypes.c_void_p()
+        _check(_L().ncclCommSplit(self._c(), color, key, ctypes.byref(out), None), self._comm)
+        return NcclCommunicator._wrap(out.value) if out.value else None
+
+    def _int_query(self, fn) -> int:
+        v = ctypes.c_int()
+        _check(fn(self._c(), ctypes.byref(v)), self._comm)
+        return v.value
+
+    def device_id(self) -> int:
+        return self._int_query(_L().ncclCommCuDevice)
+
+    def rank_id(self) -> int:
+        return self._int_query(_L().ncclCommUserRank)
+
+    def size(self) -> int:
+        return self._int_query(_L().ncclCommCount)
+
+    def check_async_error(self):
+        err = ctypes.c_int(0)
+        r = _L().ncclCommGetAsyncError(self._c(), ctypes.byref(err))
+        _check(err.value, self._comm)
+        _check(r, self._comm)
+
+    def get_async_error(self) -> int:
+        """HARP extension: the ncclResult_t of ncclCommGetAsyncError (no raise)."""
+        err = ctypes.c_int(0)
+        _check(_L().ncclCommGetAsyncError(self._c(), ctypes.byref(err)), self._comm)
+        return err.value
+
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream=0):
+        _check(_L().ncclAllReduce(_ptr(sendbuf), _ptr(recvbuf), count, datatype, op, self._c(), _stream(stream)),
+               self._comm)
+
+    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream=0):
+        _check(_L().ncclReduce(_ptr(sendbuf), _ptr(recvbuf), count, datatype, op, root, self._c(), _stream(stream)),
+               self._comm)
+
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream=0):
+        _check(_L().ncclBroadcast(_ptr(sendbuff), _ptr(recvbuff), count, datatype, root, self._c(), _stream(stream)),
+               self._comm)
+
+    def bcast(self, buff, count, datatype, root, stream=0):
+        _check(_L().ncclBcast(_ptr(buff), count, datatype, root, self._c(), _stream(stream)), self._comm)
+
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream=0):
+        _check(_L().ncclReduceScatter(_ptr(sendbuf), _ptr(recvbuf), recvcount, datatype, op, self._c(),
+                                      _stream(stream)), self._comm)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream=0):
+        _check(_L().ncclAllGather(_ptr(sendbuf), _ptr(recvbuf), count, datatype, self._c(), _stream(stream)),
+               self._comm)
+
+    def send(self, sendbuf, count, datatype, peer, stream=0):
+        _check(_L().ncclSend(_ptr(sendbuf), count, datatype, peer, self._c(), _stream(stream)), self._comm)
+
+    def recv(self, recvbuf, count, datatype, peer, stream=0):
+        _check(_L().ncclRecv(_ptr(recvbuf), count, datatype, peer, self._c(), _stream(stream)), self._comm)
+
+    # HARP extensions (NCCL C API functions CuPy does not wrap).
+    def create_premul_sum(self, scalar, datatype, residence=NCCL_SCALAR_HOST_IMMEDIATE) -> int:
+        """ncclRedOpCreatePreMulSum; `scalar` is an address (or array) holding one element of `datatype`."""
+        op = ctypes.c_int()
+        _check(_L().ncclRedOpCreatePreMulSum(ctypes.byref(op), _ptr(scalar), datatype, residence, self._c()),
+               self._comm)
+        return op.value
+
+    def destroy_op(self, op: int):
+        _check(_L().ncclRedOpDestroy(op, self._c()), self._comm)
+
+    def register(self, buf, nbytes: int) -> int:
+        h = ctypes.c_void_p()
+        _check(_L().ncclCommRegister(self._c(), _ptr(buf), nbytes, ctypes.byref(h)), self._comm)
+        return h.value
+
+    def deregister(self, handle: int):
+        _check(_L().ncclCommDeregister(self._c(), handle), self._comm)
+
+
+__all__ = [n for n in dir() if n.startswith("NCCL_")] + [
+    "NcclCommunicator", "NcclError", "get_unique_id", "get_version", "get_build_version", "groupStart", "groupEnd",
+    "available", "get_last_error", "calls_served", "mem_alloc", "mem_free", "library_path",
+]

@@ -1,0 +1,720 @@
+"""ProcessGroupHarp: a torch.distributed ProcessGroup implemented over HARP.
+
+Pure Python over harp._harp (no compiling against torch): torch calls these
+methods through its ProcessGroup trampoline, from Python (dist.all_reduce...)
+and from C++ (DDP's reducer, FSDP, functional collectives).
+
+Communicators (all created collectively at construction, rendezvous through
+the c10d Store torch hands us):
+  * `_coll`: every collective, in issue order.
+  * `_up` / `_down`: point-to-point lanes. A message from a lower to a higher
+    rank travels on `_up`, the other way on `_down`. HARP runs a
+    communicator's operations one after the other, so with a single queue a
+    rank doing isend(peer) then irecv(peer) while the peer does the same would
+    wait on each other for messages larger than the kernel's socket buffers;
+    with two lanes each direction progresses on its own worker thread.
+recv from any source: every send also bumps a counter in the group's Store
+(key harp_any/<dst>/<src>/<tag>); an any-source receive waits until some
+source's counter exceeds what was already received from it, then receives
+from that source on the usual lane.
+
+Threading: ops may be issued from any thread (DDP issues from autograd
+threads); issue order on each communicator is the order of the calls, which
+torch keeps consistent across ranks. Blocking calls run inline on the
+calling thread; async works complete on Completer threads (see _work.py).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+from torch._C import _distributed_c10d as _c10d
+
+from .. import _harp
+from .._types import Coll, DataType, ReduceOp
+from ..comm import Communicator
+from ..errors import HarpError
+from ._store import TorchStore
+from ._tensors import Staged, UnsupportedError, check_device, harp_op
+from ._work import Completer, HarpWork, backend_error, completed_work
+
+
+def _secs(td) -> float:
+    """timedelta -> seconds; unset (negative/None) -> -1."""
+    if td is None:
+        return -1.0
+    s = td.total_seconds() if hasattr(td, "total_seconds") else float(td)
+    return s if s > 0 else -1.0
+
+
+def _same_split(sizes):
+    return all(s == sizes[0] for s in sizes)
+
+
+class ProcessGroupHarp(dist.ProcessGroup):
+    """torch.distributed process group whose collectives run on HARP."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | None = None,
+                 group_name: str = "", other_backends=None):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._store = store
+        self._timeout = _secs(timeout)
+        self._name = group_name or "harp"
+        self._desc = f"rank {rank} of group '{self._name}' ({size} ranks)"
+        self._lock = threading.Lock()
+        self._closed = False
+        hs = TorchStore(store)
+        t = None if self._timeout < 0 else self._timeout
+        try:
+            self._coll = Communicator.from_store(hs, rank, size, prefix="harp/c/", timeout=t)
+            if size > 1:
+                self._up = Communicator.from_store(hs, rank, size, prefix="harp/up/", timeout=t)
+                self._down = Communicator.from_store(hs, rank, size, prefix="harp/down/", timeout=t)
+            else:
+                self._up = self._down = None
+        except HarpError as e:
+            raise dist.DistBackendError(f"harp: creating process group failed on {self._desc}: {e}") from None
+        self._done = {id(self._coll): Completer(f"{self._name}-c")}
+        if self._up is not None:
+            self._done[id(self._up)] = Completer(f"{self._name}-up")
+            self._done[id(self._down)] = Completer(f"{self._name}-down")
+        self._anysource = os.environ.get("HARP_TORCH_ANYSOURCE", "1") != "0"
+        self._recvd = {}       # (src, tag) -> messages received from src with tag (for any-source matching)
+        self._mb_seq = 0
+        # Other devices' backends for mixed specs ("cpu:harp,cuda:nccl"): device type -> c10d Backend
+        self._other = dict(other_backends or {})
+
+    # -- identity ------------------------------------------------------------------------------------------
+    def getBackendName(self):
+        return "harp"
+
+    # torch names groups after creation (pg._set_group_name -> setGroupName); the C++ default keeps the
+    # name in the device backends, which a Python group does not have, so keep it here.
+    def setGroupName(self, name):
+        self._name = name
+        self._desc = f"rank {self._rank} of group '{name}' ({self._size} ranks)"
+
+    def setGroupDesc(self, desc):
+        self._gdesc = desc
+
+    @property
+    def group_name(self):
+        return self._name
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_gdesc", self._name)
+
+    def __repr__(self):
+        return f"ProcessGroupHarp(rank={self._rank}, size={self._size}, name={self._name!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+    def _delegate(self, tensors, method, *args):
+        """For mixed specs: the other device's backend and the call to run on it, or None."""
+        if not self._other or not tensors:
+            return None
+        b = self._other.get(tensors[0].device.type)
+        if b is None:
+            return None
+        return getattr(b, method)(*args)
+
+    def _lane(self, src: int, dst: int):
+        """The communicator carrying messages from src to dst."""
+        return self._up if src < dst else self._down
+
+    def _submit(self, comm, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0,
+                timeout=-1.0, v=None):
+        sc, sd, rc, rd = v if v is not None else ([], [], [], [])
+        # Blocking torch calls run inline on this thread (no hand-off to HARP's worker when it is idle).
+        inline = getattr(_tls, "inline", False)
+        return comm._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer),
+                              int(tag), "", float(timeout), not inline, sc, sd, rc, rd)
+
+    def _issue(self, opname, fn, opts, result, staged=(), post=None, comm=None):
+        """Run fn() -> list of HARP handles; wrap them in a HarpWork (finished now when not async)."""
+        comm = comm or self._coll
+        is_async = getattr(opts, "asyncOp", True)
+        _tls.inline = not is_async
+        try:
+            handles = fn()
+        except HarpError as e:
+            raise backend_error(opname, self._desc, e) from None
+        finally:
+            _tls.inline = False
+        w = HarpWork(opname, self._desc, handles, staged, result, post)
+        if is_async:
+            w._fut = Future()  # DDP and hooks always ask for it; create it before a completer can finish
+            self._done[id(comm)].add(w)
+        else:
+            w.wait()
+        return w
+
+    def _check(self, tensors, opname):
+        for t in tensors:
+            check_device(t, opname)
+            if t.is_sparse:
+                raise UnsupportedError(f"harp {opname}: sparse tensors are not supported")
+
+    def _one(self, tensors, opname):
+        if len(tensors) != 1:
+            raise UnsupportedError(f"harp {opname}: expects exactly one tensor per rank, got {len(tensors)}")
+        return tensors[0]
+
+    def _root(self, r, opname):
+        if not 0 <= r < self._size:
+            raise ValueError(f"harp {opname}: root {r} is out of range for {self._size} ranks")
+        return r
+
+    # -- allreduce -------------------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceOptions()
+        d = self._delegate(tensors, "allreduce", tensors, opts)
+        if d is not None:
+            return d
+        t = self._one(tensors, "allreduce")
+        return self._allreduce_tensor("allreduce", t, opts, tensors)
+
+    def _allreduce_tensor(self, opname, t, opts, result):
+        op, factor = harp_op(opts.reduceOp)
+        s = Staged(t, read=True, write=True, reducing=True, op=opname)
+        if factor is not None:
+            s.host.mul_(factor)
+            s.write_back = s.host is not t or s.write_back
+        timeout = _secs(opts.timeout)
+        return self._issue(opname, lambda: [self._submit(self._coll, Coll.allreduce, s.ptr, s.ptr, s.count, s.dt,
+                                                         op=op, timeout=timeout)], opts, result, [s])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceCoalescedOptions()
+        d = self._delegate(tensors, "allreduce_coalesced", tensors, opts)
+        if d is not None:
+            return d
+        self._check(tensors, "allreduce_coalesced")
+        if not tensors:
+            return completed_work("allreduce_coalesced", self._desc, tensors)
+        if any(t.dtype != tensors[0].dtype or t.device != tensors[0].device for t in tensors):
+            raise UnsupportedError("harp allreduce_coalesced: all tensors must have the same dtype and device")
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+
+        def post():
+            off = 0
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[off:off + n].view_as(t))
+                off += n
+
+        op, factor = harp_op(opts.reduceOp)
+        s = Staged(flat, read=True, write=True, reducing=True, op="allreduce_coalesced")
+        if factor is not None:
+            s.host.mul_(factor)
+        timeout = _secs(opts.timeout)
+        return self._issue("allreduce_coalesced",
+                           lambda: [self._submit(self._coll, Coll.allreduce, s.ptr, s.ptr, s.count, s.dt, op=op,
+                                                 timeout=timeout)], opts, tensors, [s], post)
+
+    # -- broadcast / reduce ------------------------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        opts = opts or _c10d.BroadcastOptions()
+        d = self._delegate(tensors, "broadcast", tensors, opts)
+        if d is not None:
+            return d
+        t = self._one(tensors, "broadcast")
+        root = self._root(opts.rootRank, "broadcast")
+        s = Staged(t, read=self._rank == root, write=self._rank != root, op="broadcast")
+        timeout = _secs(opts.timeout)
+        return self._issue("broadcast", lambda: [self._submit(self._coll, Coll.broadcast, s.ptr, s.ptr, s.count,
+                                                              s.dt, root=root, timeout=timeout)], opts, tensors, [s])
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or _c10d.ReduceOptions()
+        d = self._delegate(tensors, "reduce", tensors, opts)
+        if d is not None:
+            return d
+        t = self._one(tensors, "reduce")
+        root = self._root(opts.rootRank, "reduce")
+        op, factor = harp_op(opts.reduceOp)
+        is_root = self._rank == root
+        src = t * factor if factor is not None else t
+        s = Staged(src, read=True, write=is_root, reducing=True, op="reduce")
+        if is_root and src is not t:
+            s.orig, s.write_back = t, True
+        timeout = _secs(opts.timeout)
+        return self._issue("reduce", lambda: [self._submit(self._coll, Coll.reduce, s.ptr, s.ptr if is_root else 0,
+                                                           s.count, s.dt, op=op, root=root, timeout=timeout)],
+                           opts, tensors, [s])
+
+    # -- allgather ----------------------------------------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        d = self._delegate(input_tensors, "allgather", output_tensors, input_tensors, opts)
+        if d is not None:
+            return d
+        inp = self._one(input_tensors, "allgather")
+        outs = self._one(output_tensors, "allgather")
+        if len(outs) != self._size:
+            raise ValueError(f"harp allgather: output list has {len(outs)} tensors, expected {self._size}")
+        self._check(outs, "allgather")
+        sizes = [o.numel() for o in outs]
+        if any(o.dtype != inp.dtype for o in outs):
+            raise ValueError("harp allgather: output and input dtypes differ")
+        if sizes[self._rank] != inp.numel():
+            raise ValueError(f"harp allgather: output slot {self._rank} has {sizes[self._rank]} elements, "
+                             f"input has {inp.numel()}")
+        return self._gather_into(inp, outs, sizes, opts, "allgather", output_tensors)
+
+    def _gather_into(self, inp, outs, sizes, opts, opname, result):
+        s = Staged(inp, read=True, write=False, op=opname)
+        flat = torch.empty(sum(sizes), dtype=inp.dtype)
+        fs = Staged(flat, read=False, write=False, op=opname)
+        timeout = _secs(opts.timeout)
+        m = s.mult
+
+        def post():
+            off = 0
+            for o, n in zip(outs, sizes):
+                o.copy_(flat[off:off + n].view_as(o))
+                off += n
+
+        def run():
+            if _same_split(sizes):
+                return [self._submit(self._coll, Coll.allgather, s.ptr, fs.ptr, s.count, s.dt, timeout=timeout)]
+            # uneven: alltoallv where every rank sends its whole input to everyone
+            counts = [n * m for n in sizes]
+            displs = [sum(counts[:i]) for i in range(self._size)]
+            return [self._submit(self._coll, Coll.alltoallv, s.ptr, fs.ptr, 0, s.dt, timeout=timeout,
+                                 v=([s.count] * self._size, [0] * self._size, counts, displs))]
+
+        return self._issue(opname, run, opts, result, [s], post)
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        d = self._delegate([input], "_allgather_base", output, input, opts)
+        if d is not None:
+            return d
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(f"harp all_gather_into_tensor: output has {output.numel()} elements, expected "
+                             f"{input.numel() * self._size} ({self._size} ranks x {input.numel()})")
+        if output.dtype != input.dtype:
+            raise ValueError("harp all_gather_into_tensor: output and input dtypes differ")
+        s = Staged(input, read=True, write=False, op="all_gather_into_tensor")
+        o = Staged(output, read=False, write=True, op="all_gather_into_tensor")
+        timeout = _secs(opts.timeout)
+        return self._issue("all_gather_into_tensor",
+                           lambda: [self._submit(self._coll, Coll.allgather, s.ptr, o.ptr, s.count, s.dt,
+                                                 timeout=timeout)], opts, [output], [s, o])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        works = [self.all_gather_single(o, i, _async_like(opts, _c10d.AllgatherOptions)) for o, i in
+                 zip(outputs, inputs)]
+        return self._join("all_gather_into_tensor_coalesced", works, opts, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        d = self._delegate(input_list, "allgather_coalesced", output_lists, input_list, opts)
+        if d is not None:
+            return d
+        self._check(input_list, "allgather_coalesced")
+        if len(output_lists) != self._size:
+            raise ValueError(f"harp allgather_coalesced: {len(output_lists)} output lists, expected {self._size}")
+        if any(t.dtype != input_list[0].dtype for t in input_list):
+            raise UnsupportedError("harp allgather_coalesced: all tensors must have the same dtype")
+        flat_in = torch.cat([t.reshape(-1) for t in input_list])
+        n = flat_in.numel()
+        flat_out = torch.empty(n * self._size, dtype=flat_in.dtype)
+        s = Staged(flat_in, read=True, write=False, op="allgather_coalesced")
+        timeout = _secs(opts.timeout)
+
+        def post():
+            for r, outs in enumerate(output_lists):
+                off = r * n
+                for o in outs:
+                    k = o.numel()
+                    o.copy_(flat_out[off:off + k].view_as(o))
+                    off += k
+
+        return self._issue("allgather_coalesced",
+                           lambda: [self._submit(self._coll, Coll.allgather, s.ptr, flat_out.data_ptr(), s.count,
+                                                 s.dt, timeout=timeout)], opts, output_lists, [s], post)
+
+    # -- reduce_scatter ----------------------------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        d = self._delegate(output_tensors, "reduce_scatter", output_tensors, input_tensors, opts)
+        if d is not None:
+            return d
+        out = self._one(output_tensors, "reduce_scatter")
+        ins = self._one(input_tensors, "reduce_scatter")
+        if len(ins) != self._size:
+            raise ValueError(f"harp reduce_scatter: input list has {len(ins)} tensors, expected {self._size}")
+        self._check(ins, "reduce_scatter")
+        sizes = [t.numel() for t in ins]
+        if sizes[self._rank] != out.numel():
+            raise ValueError(f"harp reduce_scatter: output has {out.numel()} elements, input slot {self._rank} "
+                             f"has {sizes[self._rank]}")
+        op, factor = harp_op(opts.reduceOp)
+        flat = torch.cat([t.reshape(-1) for t in ins])
+        if factor is not None:
+            flat.mul_(factor)
+        fs = Staged(flat, read=True, write=False, reducing=True, op="reduce_scatter")
+        timeout = _secs(opts.timeout)
+        if _same_split(sizes):
+            o = Staged(out, read=False, write=True, reducing=True, op="reduce_scatter")
+            return self._issue("reduce_scatter",
+                               lambda: [self._submit(self._coll, Coll.reduce_scatter, fs.ptr, o.ptr, o.count, fs.dt,
+                                                     op=op, timeout=timeout)], opts, output_tensors, [fs, o])
+        # uneven blocks: allreduce everything, keep our block
+        off = sum(sizes[:self._rank])
+
+        def post():
+            out.copy_(fs.host[off:off + sizes[self._rank]].view_as(out).to(out.dtype))
+
+        return self._issue("reduce_scatter",
+                           lambda: [self._submit(self._coll, Coll.allreduce, fs.ptr, fs.ptr, fs.count, fs.dt, op=op,
+                                                 timeout=timeout)], opts, output_tensors, [fs], post)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        d = self._delegate([input], "_reduce_scatter_base", output, input, opts)
+        if d is not None:
+            return d
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(f"harp reduce_scatter_tensor: input has {input.numel()} elements, expected "
+                             f"{output.numel() * self._size} ({self._size} ranks x {output.numel()})")
+        if output.dtype != input.dtype:
+            raise ValueError("harp reduce_scatter_tensor: output and input dtypes differ")
+        op, factor = harp_op(opts.reduceOp)
+        src = input * factor if factor is not None else input
+        s = Staged(src, read=True, write=False, reducing=True, op="reduce_scatter_tensor")
+        o = Staged(output, read=False, write=True, reducing=True, op="reduce_scatter_tensor")
+        timeout = _secs(opts.timeout)
+        return self._issue("reduce_scatter_tensor",
+                           lambda: [self._submit(self._coll, Coll.reduce_scatter, s.ptr, o.ptr, o.count, s.dt, op=op,
+                                                 timeout=timeout)], opts, [output], [s, o])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        sub = _async_like(opts, _c10d.ReduceScatterOptions)
+        sub.reduceOp = opts.reduceOp
+        works = [self.reduce_scatter_single(o, i, sub) for o, i in zip(outputs, inputs)]
+        return self._join("reduce_scatter_tensor_coalesced", works, opts, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- alltoall ---------------------------------------------------------------------------------------------
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        d = self._delegate([input], "alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
+        if d is not None:
+            return d
+        if output.dtype != input.dtype:
+            raise ValueError("harp all_to_all_single: output and input dtypes differ")
+        p = self._size
+        s = Staged(input, read=True, write=False, op="all_to_all_single")
+        o = Staged(output, read=False, write=True, op="all_to_all_single")
+        timeout = _secs(opts.timeout)
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % p or output.numel() != input.numel():
+                raise ValueError(f"harp all_to_all_single: {input.numel()} input / {output.numel()} output "
+                                 f"elements do not split evenly over {p} ranks")
+            return self._issue("all_to_all_single",
+                               lambda: [self._submit(self._coll, Coll.alltoall, s.ptr, o.ptr, s.count // p, s.dt,
+                                                     timeout=timeout)], opts, [output], [s, o])
+
+        def counts(t, splits, what):
+            rows = t.shape[0] if t.dim() else 1
+            row = (t.numel() // rows if rows else 0) * s.mult
+            if not splits:
+                if rows % p:
+                    raise ValueError(f"harp all_to_all_single: {what} has {rows} rows, not divisible by {p} ranks")
+                splits = [rows // p] * p
+            if len(splits) != p or sum(splits) != rows:
+                raise ValueError(f"harp all_to_all_single: {what} split sizes {list(splits)} do not cover "
+                                 f"{rows} rows over {p} ranks")
+            c = [int(x) * row for x in splits]
+            return c, [sum(c[:i]) for i in range(p)]
+
+        sc, sd = counts(input, input_split_sizes, "input")
+        rc, rd = counts(output, output_split_sizes, "output")
+        return self._issue("all_to_all_single",
+                           lambda: [self._submit(self._coll, Coll.alltoallv, s.ptr, o.ptr, 0, s.dt, timeout=timeout,
+                                                 v=(sc, sd, rc, rd))], opts, [output], [s, o])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        d = self._delegate(input_tensors, "alltoall", output_tensors, input_tensors, opts)
+        if d is not None:
+            return d
+        p = self._size
+        if len(output_tensors) != p or len(input_tensors) != p:
+            raise ValueError(f"harp alltoall: needs {p} input and {p} output tensors")
+        self._check(list(output_tensors) + list(input_tensors), "alltoall")
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        rsz = [t.numel() for t in output_tensors]
+        flat_out = torch.empty(sum(rsz), dtype=flat_in.dtype)
+        s = Staged(flat_in, read=True, write=False, op="alltoall")
+        m = s.mult
+        sc = [t.numel() * m for t in input_tensors]
+        rc = [n * m for n in rsz]
+        sd = [sum(sc[:i]) for i in range(p)]
+        rd = [sum(rc[:i]) for i in range(p)]
+        timeout = _secs(opts.timeout)
+
+        def post():
+            off = 0
+            for t, n in zip(output_tensors, rsz):
+                t.copy_(flat_out[off:off + n].view_as(t))
+                off += n
+
+        return self._issue("alltoall",
+                           lambda: [self._submit(self._coll, Coll.alltoallv, s.ptr, flat_out.data_ptr(), 0, s.dt,
+                                                 timeout=timeout, v=(sc, sd, rc, rd))], opts, output_tensors, [s],
+                           post)
+
+    # -- gather / scatter -------------------------------------------------------------------------------------
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.GatherOptions()
+        d = self._delegate(input_tensors, "gather", output_tensors, input_tensors, opts)
+        if d is not None:
+            return d
+        inp = self._one(input_tensors, "gather")
+        root = self._root(opts.rootRank, "gather")
+        s = Staged(inp, read=True, write=False, op="gather")
+        timeout = _secs(opts.timeout)
+        if self._rank != root:
+            return self._issue("gather", lambda: [self._submit(self._coll, Coll.gather, s.ptr, 0, s.count, s.dt,
+                                                               root=root, timeout=timeout)], opts, output_tensors, [s])
+        outs = self._one(output_tensors, "gather")
+        if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
+            raise ValueError(f"harp gather: the root needs {self._size} output tensors of {inp.numel()} elements")
+        flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
+        n = inp.numel()
+
+        def post():
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * n:(r + 1) * n].view_as(o))
+
+        return self._issue("gather", lambda: [self._submit(self._coll, Coll.gather, s.ptr, flat.data_ptr(), s.count,
+                                                           s.dt, root=root, timeout=timeout)],
+                           opts, output_tensors, [s], post)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ScatterOptions()
+        d = self._delegate(output_tensors, "scatter", output_tensors, input_tensors, opts)
+        if d is not None:
+            return d
+        out = self._one(output_tensors, "scatter")
+        root = self._root(opts.rootRank, "scatter")
+        o = Staged(out, read=False, write=True, op="scatter")
+        timeout = _secs(opts.timeout)
+        send = 0
+        keep = []
+        if self._rank == root:
+            ins = self._one(input_tensors, "scatter")
+            if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
+                raise ValueError(f"harp scatter: the root needs {self._size} input tensors of {out.numel()} elements")
+            self._check(ins, "scatter")
+            flat = torch.cat([t.reshape(-1).cpu() for t in ins])
+            keep.append(Staged(flat, read=True, write=False, op="scatter"))
+            send = keep[0].ptr
+        return self._issue("scatter", lambda: [self._submit(self._coll, Coll.scatter, send, o.ptr, o.count, o.dt,
+                                                            root=root, timeout=timeout)],
+                           opts, output_tensors, [o] + keep)
+
+    # -- barrier ----------------------------------------------------------------------------------------------
+    def barrier(self, opts=None):
+        opts = opts or _c10d.BarrierOptions()
+        timeout = _secs(getattr(opts, "timeout", None))
+        return self._issue("barrier", lambda: [self._submit(self._coll, Coll.barrier, 0, 0, 0, DataType.uint8,
+                                                            timeout=timeout)], opts, [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Rank 0 checks in every rank through the Store and names the ranks that did not arrive in time."""
+        secs = _secs(timeout)
+        if secs < 0:
+            secs = self._timeout if self._timeout > 0 else 1800.0
+        self._mb_seq += 1
+        key = f"harp_mb/{self._mb_seq}"
+        deadline = time.monotonic() + secs
+        if self._rank != 0:
+            self._store.set(f"{key}/{self._rank}", b"1")
+            try:  # rank 0 reports at its deadline; give its report time to arrive
+                self._store.wait([f"{key}/done"], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0) + 10))
+            except Exception:
+                raise dist.DistBackendError(
+                    f"harp monitored_barrier: {self._desc} was not released by rank 0 within {secs + 10:.1f} s "
+                    f"(rank 0 is stuck or dead)") from None
+            if self._store.get(f"{key}/done") != b"ok":
+                raise dist.DistBackendError(f"harp monitored_barrier: rank 0 reported: "
+                                            f"{self._store.get(f'{key}/done').decode()}")
+            return completed_work("monitored_barrier", self._desc, [])
+        missing = []
+        for r in range(1, self._size):
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0 and (missing and not wait_all_ranks):
+                    raise TimeoutError
+                self._store.wait([f"{key}/{r}"], datetime.timedelta(seconds=max(left, 0.01)))
+            except Exception:
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            msg = (f"rank(s) {missing} did not reach monitored_barrier within {secs:.1f} s "
+                   f"(group '{self._name}')")
+            self._store.set(f"{key}/done", msg.encode())
+            raise dist.DistBackendError(f"harp monitored_barrier on rank 0: {msg}")
+        self._store.set(f"{key}/done", b"ok")
+        return completed_work("monitored_barrier", self._desc, [])
+
+    # -- point to point ---------------------------------------------------------------------------------------
+    def send(self, tensors, dst, tag=0):
+        d = self._delegate(tensors, "send", tensors, dst, tag)
+        if d is not None:
+            return d
+        t = self._one(tensors, "send")
+        if not 0 <= dst < self._size or dst == self._rank:
+            raise ValueError(f"harp send: destination {dst} is not another rank of {self._size}")
+        s = Staged(t, read=True, write=False, op="send")
+        lane = self._lane(self._rank, dst)
+        w = self._issue(f"send to rank {dst}",
+                        lambda: [self._submit(lane, Coll.send, s.ptr, 0, s.count, s.dt, peer=dst, tag=tag & 0xffffffff)],
+                        _ASYNC, tensors, [s], comm=lane)
+        if self._anysource:
+            self._store.add(f"harp_any/{dst}/{self._rank}/{tag}", 1)
+        return w
+
+    def recv(self, tensors, src, tag=0):
+        d = self._delegate(tensors, "recv", tensors, src, tag)
+        if d is not None:
+            return d
+        t = self._one(tensors, "recv")
+        if not 0 <= src < self._size or src == self._rank:
+            raise ValueError(f"harp recv: source {src} is not another rank of {self._size}")
+        with self._lock:
+            self._recvd[(src, tag)] = self._recvd.get((src, tag), 0) + 1
+        w = self._recv_from(t, src, tag, tensors)
+        return w
+
+    def _recv_from(self, t, src, tag, result):
+        s = Staged(t, read=False, write=True, op="recv")
+        lane = self._lane(src, self._rank)
+        w = self._issue(f"recv from rank {src}",
+                        lambda: [self._submit(lane, Coll.recv, 0, s.ptr, s.count, s.dt, peer=src, tag=tag & 0xffffffff)],
+                        _ASYNC, result, [s], comm=lane)
+        w._source = src
+        return w
+
+    def recv_anysource(self, tensors, tag=0):
+        t = self._one(tensors, "recv_anysource")
+        check_device(t, "recv_anysource")
+        if not self._anysource:
+            raise UnsupportedError("harp recv from any source is disabled (HARP_TORCH_ANYSOURCE=0)")
+        secs = self._timeout if self._timeout > 0 else 1800.0
+        outer = HarpWork("recv from any source", self._desc, result=tensors)
+        state = {}
+
+        def find_source():
+            deadline = time.monotonic() + secs
+            delay = 0.0005
+            while time.monotonic() < deadline:
+                for r in range(self._size):
+                    if r == self._rank:
+                        continue
+                    n = self._store.add(f"harp_any/{self._rank}/{r}/{tag}", 0)
+                    with self._lock:
+                        if n > self._recvd.get((r, tag), 0):
+                            self._recvd[(r, tag)] = self._recvd.get((r, tag), 0) + 1
+                            return r
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            raise dist.DistBackendError(f"harp recv from any source on {self._desc}: no message with tag {tag} "
+                                        f"arrived within {secs:.1f} s")
+
+        def run():
+            try:
+                src = find_source()
+                inner = self._recv_from(t, src, tag, tensors)
+                inner.wait()
+                outer._source = src
+                outer._finish()
+            except Exception as e:  # noqa: BLE001
+                outer._finish(e)
+
+        th = threading.Thread(target=run, name="harp-anysource", daemon=True)
+        state["thread"] = th
+        outer._waiters = [lambda: th.join()]
+        th.start()
+        return outer
+
+    # -- coalescing (batch_isend_irecv and _coalescing_manager) ------------------------------------------------
+    def _join(self, opname, works, opts, result):
+        w = HarpWork(opname, self._desc, result=result, waiters=[lambda: [x.wait() for x in works]])
+        if getattr(opts, "asyncOp", True):
+            th = threading.Thread(target=w._run_to_completion, daemon=True)
+            th.start()
+        else:
+            w.wait()
+        return w
+
+    # -- lifetime ---------------------------------------------------------------------------------------------
+    def shutdown(self):
+        if self._closed:
+            return
+        self._closed = True
+        for c in self._done.values():
+            c.stop()
+        for c in (self._up, self._down, self._coll):
+            if c is not None:
+                c.destroy()
+        for b in self._other.values():
+            try:
+                b.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def abort(self):
+        for c in (self._coll, self._up, self._down):
+            if c is not None:
+                try:
+                    c.abort("torch.distributed abort")
+                except HarpError:
+                    pass
+        self.shutdown()
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+_tls = threading.local()
+
+
+class _AsyncOpts:
+    asyncOp = True
+
+
+_ASYNC = _AsyncOpts()
+
+
+def _async_like(opts, cls):
+    o = cls()
+    o.asyncOp = True
+    o.timeout = opts.timeout
+    return o

@@ -1,0 +1,212 @@
+"""torch.distributed Work objects over HARP work handles.
+
+A HarpWork holds the core's work handles for one torch call, the staged
+buffers to finish (copy-back of non-contiguous/CUDA outputs) and a
+torch.futures.Future (created up front for async calls, on demand for
+blocking ones, which finish inline). HARP completes async work on its own
+worker thread; Completer threads (one pool per HARP communicator) wait for
+works, finish them and complete their futures, so `get_future().then(...)`
+chains (DDP comm hooks, PowerSGD) run without anyone calling wait().
+
+wait() does not depend on the Completer: it waits on the HARP handles itself
+(the GIL is released while it blocks) and finishes the work; finishing is
+idempotent and locked, so whichever thread gets there first does it.
+
+HARP errors become torch.distributed.DistBackendError naming the operation,
+this rank and the group; the future carries the same exception.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..errors import HarpError, InvalidArgumentError
+
+
+def backend_error(op: str, pg_desc: str, err: BaseException) -> Exception:
+    msg = f"harp {op} failed on {pg_desc}: {err}"
+    if isinstance(err, InvalidArgumentError):
+        return ValueError(msg)
+    return dist.DistBackendError(msg)
+
+
+class HarpWork(dist.Work):
+    def __init__(self, op: str, pg_desc: str, handles=(), staged=(), result=None, post=None, waiters=None):
+        super().__init__()
+        self._op = op
+        self._pg_desc = pg_desc
+        self._handles = list(handles)
+        self._staged = list(staged)
+        self._post = post          # extra Python step after the data arrived (scatter of outputs...)
+        self._waiters = waiters    # extra callables that block until their part is done (anysource thread)
+        self._result = [] if result is None else result
+        self._fut = None  # created on demand (blocking calls rarely ask for it)
+        self._lock = threading.Lock()
+        self._done = False
+        self._exc = None
+        self._source = -1
+
+    # -- completion ----------------------------------------------------------------------------------------
+    def _block(self, timeout=None):
+        """Wait for every HARP handle (GIL released). False on timeout."""
+        if self._waiters:
+            for w in self._waiters:
+                w()
+        for h in self._handles:
+            if not h.wait(-1.0 if timeout is None else timeout):
+                return False
+        return True
+
+    def _finish(self, exc=None):
+        """Copy back, run the post step, complete the future. Once."""
+        with self._lock:
+            if self._done:
+                return
+            if exc is None:
+                try:
+                    for s in self._staged:
+                        s.finish()
+                    if self._post is not None:
+                        self._post()
+                except Exception as e:  # noqa: BLE001 - reported through the future
+                    exc = e
+            if exc is not None and not isinstance(exc, (dist.DistBackendError, ValueError)):
+                exc = backend_error(self._op, self._pg_desc, exc)
+            self._exc = exc
+            self._done = True
+            self._staged = []
+            fut = self._fut
+        if fut is not None:
+            self._complete(fut)
+
+    def _complete(self, fut):
+        if self._exc is None:
+            fut.set_result(self._result)
+        else:
+            fut.set_exception(self._exc)
+
+    def _run_to_completion(self):
+        try:
+            self._block()
+        except HarpError as e:
+            self._finish(backend_error(self._op, self._pg_desc, e))
+            return
+        except Exception as e:  # noqa: BLE001
+            self._finish(e)
+            return
+        self._finish()
+
+    # -- torch.distributed.Work API ------------------------------------------------------------------------
+    def wait(self, timeout=None):
+        if not self._done:
+            secs = None
+            if timeout is not None and hasattr(timeout, "total_seconds") and timeout.total_seconds() > 0:
+                secs = timeout.total_seconds()
+            try:
+                ok = self._block(secs)
+            except HarpError as e:
+                self._finish(backend_error(self._op, self._pg_desc, e))
+                ok = True
+            if not ok:
+                raise dist.DistBackendError(f"harp {self._op} on {self._pg_desc}: not finished after {secs} s")
+            self._finish()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self):
+        if self._done:
+            return True
+        return all(h.test() for h in self._handles) and not self._waiters
+
+    def is_success(self):
+        return self._done and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def get_future(self):
+        with self._lock:
+            if self._fut is not None:
+                return self._fut
+            fut = self._fut = Future()
+            done = self._done
+        if done:  # _finish ran without a future: complete this one now (callbacks run here)
+            self._complete(fut)
+        return fut
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self):
+        self.wait()
+
+    def source_rank(self):
+        return self._source
+
+    def _source_rank(self):
+        return self._source
+
+    def block_current_stream(self):
+        self.wait()
+
+
+def completed_work(op, pg_desc, result):
+    w = HarpWork(op, pg_desc, result=result)
+    w._finish()
+    return w
+
+
+class Completer:
+    """Threads that wait for works and finish them (copy-back, then the future and its callbacks).
+
+    Future callbacks may block on later futures (PowerSGD's callback runs another allreduce and waits
+    for it), so a thread busy with one work must never be the only one that can finish the next: a new
+    work starts a new thread unless one is idle. Idle threads linger a few seconds and are reused.
+    """
+
+    _LINGER_S = 5.0
+
+    def __init__(self, name: str):
+        self._q = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._idle = 0
+        self._threads = []
+        self._name = name
+
+    def add(self, work: HarpWork):
+        with self._cv:
+            self._q.append(work)
+            if self._idle > len(self._q) - 1:
+                self._cv.notify()
+                return
+            t = threading.Thread(target=self._loop, name=f"harp-torch-{self._name}", daemon=True)
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+            t.start()
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                if not self._q and not self._stop:
+                    self._idle += 1
+                    self._cv.wait(self._LINGER_S)
+                    self._idle -= 1
+                if not self._q:
+                    return
+                w = self._q.popleft()
+            w._run_to_completion()
+
+    def stop(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            threads = list(self._threads)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=30)

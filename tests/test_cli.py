@@ -1,0 +1,38 @@
+"""harp-config and HARP_DEBUG=INFO diagnostics."""
+import os
+import subprocess
+import sys
+
+import harp
+
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+
+def test_harp_config_lists_transports():
+    r = subprocess.run([sys.executable, "-m", "harp.config"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"harp {harp.__version__}" in r.stdout
+    assert "transport tcp" in r.stdout and "available" in r.stdout
+    names = [t[0] for t in harp.transports()]
+    assert "tcp" in names
+
+
+PROG = """
+import numpy as np, harp
+comm = harp.init()
+comm.allreduce(np.ones(10, np.float32))
+comm.allreduce(np.ones(1 << 20, np.float32))
+comm.destroy()
+"""
+
+
+def test_debug_info_names_transport_per_peer_and_algorithm(tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text(PROG)
+    r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "2", str(prog)], capture_output=True, text=True,
+                       timeout=120, env=dict(ENV, HARP_DEBUG="INFO", HARP_TRANSPORT="tcp"))
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    assert "rank 0 -> rank 1" in err and "transport tcp" in err
+    assert "allreduce: algorithm recursive_doubling" in err
+    assert "allreduce: algorithm ring" in err

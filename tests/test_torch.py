@@ -1,0 +1,191 @@
+"""torch.distributed over the harp backend (python/harp/torch): every op c10d calls, all dtypes,
+p2p (large, both directions, any source), DDP (+ fp16/bf16/PowerSGD hooks) against gloo, FSDP,
+subgroups, rendezvous methods, mixed specs, the entry point, torchrun, and the failure paths.
+Multi-process over real loopback sockets; the rank bodies are in torch_check.py."""
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import torch_check as tc  # noqa: E402
+from harness import run_ranks  # noqa: E402
+
+import harp  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # the harp these tests import
+
+
+def _url(tmp_path, name="store"):
+    return f"file://{tmp_path}/{name}"
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_every_op_every_dtype(nranks, tmp_path):
+    res = run_ranks(nranks, tc.every_op, _url(tmp_path), timeout=300)
+    bad = [b for r in res for b in r]
+    assert not bad, "\n".join(bad[:30])
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_p2p_large_both_directions_and_any_source(nranks, tmp_path):
+    res = run_ranks(nranks, tc.p2p, _url(tmp_path), 1 << 22, timeout=300)  # 16 MiB each way
+    bad = [b for r in res for b in r]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_ddp_matches_gloo_with_hooks(nranks, tmp_path):
+    res = run_ranks(nranks, tc.ddp_vs_gloo, _url(tmp_path), timeout=400)
+    # Summation order differs between HARP's and gloo's algorithms: float32 rounding for plain/PowerSGD,
+    # the hooks' fp16/bf16 rounding for the compression hooks.
+    tol = {"plain": 1e-5, "fp16": 5e-4, "bf16": 5e-3, "powersgd": 1e-4}
+    for r in res:
+        for case, t in tol.items():
+            diff, moved = r[case]
+            assert moved > 1e-3, f"{case}: training did not move the parameters"
+            assert diff <= t, f"{case}: harp and gloo parameters differ by {diff}"
+    assert all(r["plain"] == res[0]["plain"] for r in res)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_fsdp_fully_shard_cpu(nranks, tmp_path):
+    diffs = run_ranks(nranks, tc.fsdp_train, _url(tmp_path), timeout=400)
+    assert all(d < 1e-5 for d in diffs), diffs
+
+
+def test_subgroups_destroy_and_reinit(tmp_path):
+    res = run_ranks(3, tc.groups, _url(tmp_path), timeout=200)
+    bad = [b for r in res for b in r]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_rendezvous_methods(method, tmp_path):
+    res = run_ranks(2, tc.rendezvous, method, _port(), str(tmp_path / "fs"), timeout=200)
+    assert res == [(True, "harp"), (True, "harp")]
+
+
+def test_mixed_spec_routes_by_device(tmp_path):
+    res = run_ranks(2, tc.mixed, _url(tmp_path), timeout=200)
+    assert res == [("ProcessGroupHarp", ["cuda"], True, [], True)] * 2
+
+
+@pytest.mark.skipif(dist.is_nccl_available(), reason="checks the error on a torch without NCCL")
+def test_mixed_spec_without_nccl_is_a_clear_error(tmp_path):
+    res = run_ranks(1, _init_spec, _url(tmp_path), "cpu:harp,cuda:nccl", timeout=100, allow_errors=True)
+    status, val = res[0]
+    assert status == "error" and "no NCCL" in val[1], val
+
+
+def _init_spec(rank, size, url, spec):
+    tc.init(rank, size, url, backend=spec)
+
+
+def test_local_errors_are_clear_and_group_survives(tmp_path):
+    res = run_ranks(2, tc.errors_local, _url(tmp_path), timeout=200)
+    for r in res:
+        assert r[0].startswith("ValueError: harp all_gather_into_tensor: output has 3 elements, expected 4"), r
+        assert "device 'meta' are not supported" in r[1], r
+        assert "sparse" in r[2].lower(), r
+        assert r[3] is True
+
+
+def test_mismatched_collective_raises_distbackenderror(tmp_path):
+    res = run_ranks(3, tc.errors_mismatch, _url(tmp_path), timeout=100)
+    for rank, (msg, secs) in enumerate(res):
+        assert msg.startswith(f"harp allreduce failed on rank {rank} of group"), msg
+        assert re.search(r"rank [01]\b.*(mismatch|closed|aborted)", msg), msg
+        assert secs < 10
+    # the rank that detected it explains the mismatch (the others may see its abort or its exit first)
+    assert any("collective mismatch between rank" in m for m, _ in res), res
+
+
+def test_dead_rank_raises_distbackenderror_within_timeout(tmp_path):
+    res = run_ranks(3, tc.errors_dead, _url(tmp_path), timeout=100, allow_errors=True)
+    assert res[2] == ("died", 3)
+    for rank in (0, 1):
+        status, (msg, secs) = res[rank]
+        assert status == "ok" and msg.startswith(f"harp allreduce failed on rank {rank}"), msg
+        assert "rank 2" in msg, msg
+        assert secs < 8 + 2
+
+
+def test_monitored_barrier_names_the_missing_rank(tmp_path):
+    res = run_ranks(3, tc.errors_monitored, _url(tmp_path), timeout=100)
+    assert "rank(s) [1] did not reach monitored_barrier" in res[0], res[0]
+    assert "rank(s) [1] did not reach" in res[2], res[2]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_entry_point_registers_without_import(tmp_path):
+    """torch loads `torch.backends` entry points at import: init_process_group("harp") with no harp import."""
+    dist_info = tmp_path / "harp_entrypoint_test-0.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: harp-entrypoint-test\nVersion: 0.0\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[torch.backends]\nharp = harp_torch_plugin:load\n")
+    prog = textwrap.dedent(f"""
+        import datetime, sys, torch, torch.distributed as dist
+        assert "harp" in dist.Backend.backend_list, dist.Backend.backend_list
+        dist.init_process_group("harp", init_method="file://{tmp_path}/s", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        t = torch.ones(3); dist.all_reduce(t)
+        print(type(dist.group.WORLD).__name__, dist.get_backend(), t.tolist())
+        dist.destroy_process_group()
+    """)
+    env = _env()
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ProcessGroupHarp harp [1.0, 1.0, 1.0]" in out.stdout
+
+
+def test_torchrun_example_three_ranks():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--master-port", str(_port()), os.path.join(ROOT, "examples", "train_ddp.py"), "--steps", "10"]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = re.findall(r"rank (\d)/3 backend harp: mean loss ([\d.]+) param checksum ([-\d.]+)", out.stdout)
+    assert sorted(r for r, _, _ in lines) == ["0", "1", "2"], out.stdout
+    assert len({(l, c) for _, l, c in lines}) == 1, lines  # every rank ends with the same model
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_staged(tmp_path):
+    res = run_ranks(2, tc.cuda_ops, _url(tmp_path), timeout=300)
+    bad = [b for r in res for b in r]
+    assert not bad, "\n".join(bad)
+
+
+def test_cuda_absent_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    from harp.torch._tensors import UnsupportedError, check_device
+
+    class FakeCuda:
+        is_cpu = False
+
+        class device:
+            type = "cuda"
+
+    with pytest.raises(UnsupportedError, match="CUDA tensor given but CUDA is not available"):
+        check_device(FakeCuda(), "allreduce")
