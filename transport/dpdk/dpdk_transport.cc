@@ -1,0 +1,533 @@
+// transport/dpdk/dpdk_transport.cc — the DPDK transport (see dpdk_transport.h
+// for threading, PROTOCOL.md for the wire protocol, README.md for settings).
+#include "transport/dpdk/dpdk_transport.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "core/types.h"
+
+namespace harp::dpdk {
+
+using transport::CommInfo;
+using transport::PeerInfo;
+using transport::Request;
+
+namespace {
+
+uint64_t fnv64(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string readFirstLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string l;
+  std::getline(f, l);
+  return l;
+}
+
+// Field 22 of /proc/<pid>/stat: start time in clock ticks since boot.
+uint64_t processStart(int pid) {
+  std::string s = readFirstLine("/proc/" + std::to_string(pid) + "/stat");
+  auto p = s.rfind(')');
+  if (p == std::string::npos) return 0;
+  std::istringstream in(s.substr(p + 2));
+  std::string f;
+  for (int i = 3; i <= 22; i++)
+    if (!(in >> f)) return 0;
+  return std::strtoull(f.c_str(), nullptr, 10);
+}
+
+std::string macStr(const MacAddr& m) {
+  char b[32];
+  snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m.b[0], m.b[1], m.b[2], m.b[3], m.b[4], m.b[5]);
+  return b;
+}
+
+bool parseMac(const std::string& s, MacAddr* m) {
+  unsigned v[6];
+  if (sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) return false;
+  for (int i = 0; i < 6; i++) m->b[i] = static_cast<uint8_t>(v[i]);
+  return true;
+}
+
+std::map<std::string, std::string> parseBlob(const std::string& b) {
+  std::map<std::string, std::string> kv;
+  std::stringstream ss(b);
+  std::string item;
+  while (std::getline(ss, item, ';')) {
+    auto eq = item.find('=');
+    if (eq != std::string::npos) kv[item.substr(0, eq)] = item.substr(eq + 1);
+    else kv[item] = "";
+  }
+  return kv;
+}
+
+void sleepNs(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  nanosleep(&ts, nullptr);
+}
+
+class DpdkPair : public transport::Pair {
+ public:
+  DpdkPair(DpdkTransport* t, int peer) : t_(t), peer_(peer) {}
+  void isend(Request* r) override { t_->isend(peer_, r); }
+  void irecv(Request* r) override { t_->irecv(peer_, r); }
+
+ private:
+  DpdkTransport* t_;
+  int peer_;
+};
+
+}  // namespace
+
+DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& peers)
+    : info_(info), peer_info_(peers), rt_(&Runtime::get()), peers_(info.size) {
+  fault_ = FaultConfig::fromEnv(info.rank);
+  rng_ = FaultRng(fault_.seed);
+  if (fault_.any()) HARP_WARN("dpdk: fault injection on received frames: %s", fault_.describe().c_str());
+  ProtocolConfig pc;
+  pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW", 256));
+  pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS", 5.0) * 1e6);
+  pc.peer_timeout_ns = static_cast<uint64_t>(std::max(info.timeout_s, 1.0) * 1e9);
+  pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES", 8u << 20);
+  proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
+  auth_ = fnv64("harp-dpdk" + info.token);
+  boot_id_ = readFirstLine("/proc/sys/kernel/random/boot_id");
+  my_start_ = processStart(getpid());
+  link_index_.assign(info.size, -1);
+}
+
+DpdkTransport::~DpdkTransport() {
+  std::lock_guard<std::mutex> g(mu_);
+  const ProtocolStats& st = proto_->stats();
+  HARP_INFO("dpdk: comm %016llx closing: data packets tx %llu rx %llu, retransmitted %llu (timeouts %llu), "
+            "duplicates %llu, out of order %llu, acks tx %llu rx %llu, staged %llu (dropped %llu)",
+            (unsigned long long)info_.comm_id, (unsigned long long)st.data_tx, (unsigned long long)st.data_rx,
+            (unsigned long long)st.retx, (unsigned long long)st.timeouts, (unsigned long long)st.dup_rx,
+            (unsigned long long)st.ooo_rx, (unsigned long long)st.acks_tx, (unsigned long long)st.acks_rx,
+            (unsigned long long)st.staged, (unsigned long long)st.stage_drops);
+  for (Link* l : links_)
+    HARP_INFO("dpdk: link %s: tx dropped (ring full) %llu, frames for no receiver %llu", l->name.c_str(),
+              (unsigned long long)l->tx_drops.load(), (unsigned long long)l->rx_foreign.load());
+  if (connected_ && !aborted_) {
+    proto_->broadcastControl(PktType::kBye, "");
+    flushTx();
+  }
+  for (Link* l : links_) l->detach(info_.comm_id, info_.rank);
+  for (auto* m : held_) rte_pktmbuf_free(m);
+  std::lock_guard<std::mutex> g2(inbox_.mu);
+  for (auto* m : inbox_.frames) rte_pktmbuf_free(m);
+  inbox_.frames.clear();
+}
+
+std::string DpdkTransport::localAddress(int peer) {
+  std::string mode = rt_->memifMode() ? "memif" : "l2";
+  MacAddr mac;
+  uint32_t payload;
+  if (rt_->memifMode()) {
+    // memif: the lower pid serves the link; create it now, before the peer
+    // (which learns our pid from this blob) connects as the client.
+    int ppid = peer < static_cast<int>(peer_info_.size()) ? peer_info_[peer].pid : 0;
+    if (ppid > getpid()) rt_->memifLink(ppid, info_.timeout_s);
+    payload = static_cast<uint32_t>(env::integer("HARP_DPDK_MTU", 9000)) - kHdrLen;
+  } else {
+    Link* l = rt_->l2Link();
+    mac = l->mac;
+    payload = l->max_payload;
+  }
+  std::ostringstream o;
+  o << "dpdk1;mode=" << mode << ";port=" << rt_->portSpec() << ";mac=" << macStr(mac) << ";payload=" << payload
+    << ";boot=" << boot_id_ << ";pid=" << getpid() << ";start=" << my_start_;
+  return o.str();
+}
+
+void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < peers.size(); i++) {
+    int p = peers[i];
+    auto kv = parseBlob(remote[i]);
+    if (!kv.count("dpdk1"))
+      throw Error(Error::kInvalidArgument, "HARP dpdk: rank " + std::to_string(p) +
+                                               " published no dpdk address (is it running the dpdk transport?)");
+    std::string mode = rt_->memifMode() ? "memif" : "l2";
+    if (kv["mode"] != mode)
+      throw Error(Error::kInvalidArgument,
+                  "HARP dpdk: rank " + std::to_string(p) + " uses HARP_DPDK_PORT=" + kv["port"] +
+                      " but this rank uses HARP_DPDK_PORT=" + rt_->portSpec() + "; all ranks need the same kind");
+    PeerLink& pl = peers_[p];
+    pl.pid = std::atoi(kv["pid"].c_str());
+    pl.start = std::strtoull(kv["start"].c_str(), nullptr, 10);
+    pl.same_boot = kv["boot"] == boot_id_;
+    uint32_t their_payload = static_cast<uint32_t>(std::strtoul(kv["payload"].c_str(), nullptr, 10));
+    if (pl.same_boot && pl.pid == getpid()) {
+      pl.link = rt_->loopbackLink();
+      std::memset(pl.mac.b, 0xff, 6);
+    } else if (rt_->memifMode()) {
+      if (!pl.same_boot)
+        throw Error(Error::kInvalidArgument,
+                    "HARP dpdk: rank " + std::to_string(p) +
+                        " is on another host; memif (HARP_DPDK_PORT=memif, the default) only links processes of "
+                        "one host: set HARP_DPDK_PORT to a NIC or af_xdp:IFACE / af_packet:IFACE");
+      pl.link = rt_->memifLink(pl.pid, info_.timeout_s);
+      std::memset(pl.mac.b, 0xff, 6);  // point-to-point: broadcast address
+    } else {
+      pl.link = rt_->l2Link();
+      if (!parseMac(kv["mac"], &pl.mac))
+        throw Error(Error::kInvalidArgument, "HARP dpdk: bad MAC '" + kv["mac"] + "' from rank " + std::to_string(p));
+      if (pl.mac == pl.link->mac && !(pl.same_boot && pl.pid == getpid()))
+        throw Error(Error::kInvalidArgument, "HARP dpdk: rank " + std::to_string(p) +
+                                                 " has the same MAC " + kv["mac"] +
+                                                 " as this rank: two processes cannot share one port");
+    }
+    auto it = std::find(links_.begin(), links_.end(), pl.link);
+    if (it == links_.end()) {
+      links_.push_back(pl.link);
+      txbatch_.emplace_back();
+      pl.link->attach(info_.comm_id, info_.rank, &inbox_);
+      link_index_[p] = static_cast<int>(links_.size() - 1);
+    } else {
+      link_index_[p] = static_cast<int>(it - links_.begin());
+    }
+    pl.payload = std::min(pl.link->max_payload, their_payload);
+    proto_->setPeer(p, pl.payload);
+    pl.pair = std::make_unique<DpdkPair>(this, p);
+  }
+  connected_ = true;
+
+  // Links up (memif: both ends attached), then a HELLO handshake with each peer.
+  uint64_t t0 = Protocol::nowNs();
+  uint64_t deadline = t0 + static_cast<uint64_t>(info_.timeout_s * 1e9);
+  uint64_t last_hello = 0, last_restart = t0;
+  for (;;) {
+    uint64_t now = Protocol::nowNs();
+    bool all = true;
+    for (int p : peers) {
+      PeerLink& pl = peers_[p];
+      if (!pl.acked && proto_->dataSeen(p)) pl.acked = true;
+      if (pl.acked) continue;
+      all = false;
+      if (pl.link->is_memif && pl.link->memif_server && pl.link->up() && !pl.link->socket_removed.exchange(true)) {
+        // Connected: nobody else will use this path (one link per process
+        // pair), so remove it now rather than at exit (forked ranks _exit).
+        unlink(pl.link->memif_socket.c_str());
+      }
+      if (!pl.link->up()) {
+        if (pl.link->is_memif && !pl.link->memif_server && now - last_restart > 500'000'000ull) {
+          pl.link->restart();  // memif clients connect at start: retry
+          last_restart = now;
+        }
+        continue;
+      }
+      if (now - last_hello > 10'000'000ull) proto_->sendHello(p, auth_, pl.heard ? kFlagHeard : 0);
+    }
+    if (now - last_hello > 10'000'000ull) last_hello = now;
+    if (all) break;
+    if (now > deadline) {
+      std::string who;
+      for (int p : peers)
+        if (!peers_[p].acked)
+          who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + " via " +
+                 peers_[p].link->name + (peers_[p].link->up() ? "" : " (link down)") +
+                 (peers_[p].heard ? " (its frames arrive but our " +
+                                        std::to_string(peers_[p].payload + kWireOverhead) +
+                                        "-byte ones do not reach it: check the path's MTU or lower HARP_DPDK_MTU)"
+                                  : "");
+      throw Error(Error::kTimeout, "HARP dpdk: no handshake within " + std::to_string((int)info_.timeout_s) +
+                                       " s from " + who +
+                                       " (same L2 segment? does the path's MTU carry HARP's full-size frames? "
+                                       "same HARP_DPDK_PORT kind? peer process alive?)");
+    }
+    progressLocked();
+    mu_.unlock();
+    sleepNs(200'000);
+    mu_.lock();
+  }
+  for (int p : peers)
+    HARP_INFO("dpdk: connected to rank %d via %s, %s", p, peers_[p].link->name.c_str(), describePeer(p).c_str());
+}
+
+std::string DpdkTransport::describePeer(int p) const {
+  char b[160];
+  snprintf(b, sizeof b, "peer mac %s pid %d%s", macStr(peers_[p].mac).c_str(), peers_[p].pid,
+           peers_[p].same_boot ? " (same host)" : "");
+  return b;
+}
+
+transport::Pair* DpdkTransport::pair(int peer) {
+  if (peer < 0 || peer >= info_.size || !peers_[peer].pair)
+    throw Error(Error::kInternal, "HARP dpdk: no pair to rank " + std::to_string(peer));
+  return peers_[peer].pair.get();
+}
+
+void DpdkTransport::isend(int peer, Request* r) {
+  std::lock_guard<std::mutex> g(mu_);
+  proto_->isend(peer, r);
+  proto_->tick();  // start transmitting now: latency
+  flushTx();
+}
+
+void DpdkTransport::irecv(int peer, Request* r) {
+  std::lock_guard<std::mutex> g(mu_);
+  proto_->irecv(peer, r);
+  flushTx();
+}
+
+// ---------------------------------------------------------------- FrameIO
+uint8_t* DpdkTransport::begin(int peer, size_t payload) {
+  PeerLink& pl = peers_[peer];
+  rte_mbuf* m = rte_pktmbuf_alloc(pl.link->pool);
+  if (!m) return nullptr;
+  if (kWireOverhead + payload > rte_pktmbuf_tailroom(m)) {
+    rte_pktmbuf_free(m);
+    return nullptr;
+  }
+  uint8_t* d = rte_pktmbuf_mtod(m, uint8_t*);
+  std::memcpy(d, pl.mac.b, 6);
+  std::memcpy(d + 6, pl.link->mac.b, 6);
+  d[12] = kEtherType >> 8;
+  d[13] = kEtherType & 0xff;
+  cur_ = m;
+  return d + kEthHdrLen;
+}
+
+void DpdkTransport::commit(int peer, size_t payload) {
+  rte_mbuf* m = cur_;
+  cur_ = nullptr;
+  m->data_len = static_cast<uint16_t>(kWireOverhead + payload);
+  m->pkt_len = m->data_len;
+  int li = link_index_[peer];
+  txbatch_[li].push_back(m);
+  if (txbatch_[li].size() >= 32) {
+    links_[li]->tx(txbatch_[li].data(), static_cast<int>(txbatch_[li].size()));
+    txbatch_[li].clear();
+  }
+}
+
+void DpdkTransport::flushTx() {
+  for (size_t i = 0; i < links_.size(); i++) {
+    if (txbatch_[i].empty()) continue;
+    links_[i]->tx(txbatch_[i].data(), static_cast<int>(txbatch_[i].size()));
+    txbatch_[i].clear();
+  }
+}
+
+// ---------------------------------------------------------------- receive path
+void DpdkTransport::processFrame(rte_mbuf* m) {
+  const WireHdr* h = parseFrame(m);
+  if (!h) return;
+  PayloadView pv;
+  uint32_t want = h->payload_len;
+  uint32_t first = m->data_len - kWireOverhead;
+  const uint8_t* d = rte_pktmbuf_mtod(m, const uint8_t*) + kWireOverhead;
+  uint32_t c = std::min(first, want);
+  if (c) {
+    pv.p[pv.segs] = d;
+    pv.n[pv.segs++] = c;
+    pv.total += c;
+  }
+  for (rte_mbuf* s = m->next; s && pv.total < want && pv.segs < PayloadView::kMaxSegs; s = s->next) {
+    c = std::min<uint32_t>(s->data_len, want - pv.total);
+    pv.p[pv.segs] = rte_pktmbuf_mtod(s, const uint8_t*);
+    pv.n[pv.segs++] = c;
+    pv.total += c;
+  }
+  if (pv.total < want) return;  // truncated frame: drop
+  proto_->onFrame(*h, pv);
+}
+
+void DpdkTransport::handleFrame(rte_mbuf* m) {
+  if (fault_.any()) {
+    double r = rng_.next();
+    if (r < fault_.drop) {
+      rte_pktmbuf_free(m);
+      return;
+    }
+    r -= fault_.drop;
+    if (r < fault_.reorder) {
+      held_.push_back(m);  // delivered after the frames that follow it
+      return;
+    }
+    r -= fault_.reorder;
+    if (r < fault_.dup) processFrame(m);
+  }
+  processFrame(m);
+  rte_pktmbuf_free(m);
+}
+
+void DpdkTransport::handleControls() {
+  auto& cs = proto_->controls();
+  if (cs.empty()) return;
+  std::vector<Protocol::Control> list;
+  list.swap(cs);
+  for (auto& c : list) {
+    PeerLink& pl = peers_[c.peer];
+    switch (c.type) {
+      case PktType::kHello:
+        if (c.tag != auth_) {
+          HARP_WARN("dpdk: ignoring a HELLO claiming rank %d of this communicator with a wrong job token", c.peer);
+          break;
+        }
+        pl.heard = true;
+        if ((c.flags & kFlagHeard) && !pl.acked) {
+          pl.acked = true;
+          // Confirm once, so the peer completes even if it sent no HEARD hello
+          // yet and we leave at once (replies are otherwise never answered).
+          if (c.flags & kFlagReply) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
+        }
+        if (!(c.flags & kFlagReply)) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
+        break;
+      case PktType::kAbort:
+        pl.acked = true;  // it got through its handshake with us
+        proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " aborted the communicator: " + c.text);
+        break;
+      case PktType::kBye:
+        pl.acked = true;
+        if (!proto_->peerFailed(c.peer))
+          proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " closed its communicator (connection closed)");
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void DpdkTransport::checkLiveness() {
+  uint64_t now = Protocol::nowNs();
+  if (now - last_live_check_ns_ < 200'000'000ull) return;
+  last_live_check_ns_ = now;
+  for (int p = 0; p < info_.size; p++) {
+    PeerLink& pl = peers_[p];
+    if (!pl.pair || proto_->peerFailed(p) || !proto_->peerBusy(p)) continue;
+    if (pl.same_boot && pl.pid > 0 && pl.pid != getpid()) {
+      bool alive = kill(pl.pid, 0) == 0 || errno == EPERM;
+      if (alive && pl.start && processStart(pl.pid) != pl.start) alive = false;
+      if (!alive) {
+        proto_->failPeer(p, "rank " + std::to_string(p) + " (pid " + std::to_string(pl.pid) +
+                                ") has exited: connection over the dpdk transport lost");
+        continue;
+      }
+    }
+    uint64_t quiet = now - proto_->lastHeardNs(p);
+    if (quiet > 1'000'000'000ull) proto_->sendPing(p);
+    if (quiet > static_cast<uint64_t>(info_.timeout_s * 1e9))
+      proto_->failPeer(p, "rank " + std::to_string(p) + " silent for " + std::to_string((int)(quiet / 1e9)) +
+                              " s on the dpdk transport (peer failed or unreachable)");
+  }
+}
+
+bool DpdkTransport::progressLocked() {
+  rte_mbuf* pkts[32];
+  // Frames held back by fault injection go in after this round's frames.
+  std::vector<rte_mbuf*> held;
+  held.swap(held_);
+  for (Link* l : links_) {
+    if (l->loopback() || !l->rx_mu.try_lock()) continue;
+    int n = l->rx(pkts, 32);
+    l->rx_mu.unlock();
+    for (int i = 0; i < n; i++) {
+      const WireHdr* h = parseFrame(pkts[i]);
+      if (h && h->comm_id == info_.comm_id && h->dst_rank == static_cast<uint32_t>(info_.rank))
+        handleFrame(pkts[i]);
+      else
+        l->deliver(pkts[i]);  // another communicator of this process, or not ours
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(inbox_.mu);
+    inbox_work_.swap(inbox_.frames);
+  }
+  for (auto* m : inbox_work_) handleFrame(m);
+  inbox_work_.clear();
+  for (auto* m : held) {
+    processFrame(m);
+    rte_pktmbuf_free(m);
+  }
+  handleControls();
+  bool moved = proto_->tick();
+  handleControls();
+  flushTx();
+  checkLiveness();
+  return moved;
+}
+
+bool DpdkTransport::progress() {
+  std::lock_guard<std::mutex> g(mu_);
+  bool moved = progressLocked();
+  if (moved) idle_since_ns_ = 0;
+  return moved;
+}
+
+// Poll, then back off: busy-poll for a few microseconds, then yield the CPU,
+// then sleep in growing steps (bounded by HARP_DPDK_MAX_SLEEP_US), so ranks
+// that outnumber cores do not starve each other.
+void DpdkTransport::wait(int timeout_ms) {
+  static const uint64_t spin_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_SPIN_US", 20)) * 1000;
+  static const uint64_t yield_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_YIELD_US", 200)) * 1000;
+  static const uint64_t max_sleep_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_MAX_SLEEP_US", 500)) * 1000;
+  uint64_t now = Protocol::nowNs();
+  if (idle_since_ns_ == 0) idle_since_ns_ = now;
+  uint64_t idle = now - idle_since_ns_;
+  if (idle < spin_ns) return;
+  if (idle < yield_ns) {
+    sched_yield();
+    return;
+  }
+  uint64_t s = std::min<uint64_t>({idle / 8, max_sleep_ns, static_cast<uint64_t>(std::max(timeout_ms, 0)) * 1000000});
+  if (s < 20'000) {
+    sched_yield();
+    return;
+  }
+  sleepNs(s);
+}
+
+void DpdkTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (aborted_.exchange(true)) return;
+  if (connected_) {
+    proto_->broadcastControl(PktType::kAbort, why);
+    flushTx();
+  }
+  for (int p = 0; p < info_.size; p++)
+    if (peers_[p].pair) proto_->failPeer(p, why);
+}
+
+// ---------------------------------------------------------------- registration
+namespace {
+transport::TransportSpec makeSpec() {
+  transport::TransportSpec s;
+  s.name = "dpdk";
+  s.priority = 15;
+  s.unavailable = [] { return std::string(); };
+  // Chosen automatically only when configured (HARP_DPDK_PORT set); otherwise
+  // only when forced with HARP_TRANSPORT=dpdk.
+  // (CommOptions::transport is not visible here: forcing through the API alone
+  // needs HARP_DPDK_PORT or HARP_TRANSPORT=dpdk in the environment.)
+  s.reachable = [](const PeerInfo&, const PeerInfo&) {
+    return env::has("HARP_DPDK_PORT") || env::str("HARP_TRANSPORT") == "dpdk";
+  };
+  s.create = [](const CommInfo& info, const std::vector<PeerInfo>& peers) -> std::unique_ptr<transport::Transport> {
+    return std::make_unique<DpdkTransport>(info, peers);
+  };
+  return s;
+}
+}  // namespace
+
+HARP_REGISTER_TRANSPORT(makeSpec());
+
+}  // namespace harp::dpdk

@@ -1,0 +1,520 @@
+// transport/dpdk/protocol.cc — the reliable protocol state machine (see
+// protocol.h for the threading rule and PROTOCOL.md for the specification).
+#include "transport/dpdk/protocol.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/log.h"
+
+namespace harp::dpdk {
+
+using transport::Request;
+
+void PayloadView::copyTo(uint8_t* dst, uint32_t len) const {
+  for (int i = 0; i < segs && len > 0; i++) {
+    uint32_t c = std::min(n[i], len);
+    std::memcpy(dst, p[i], c);
+    dst += c;
+    len -= c;
+  }
+}
+
+Protocol::Protocol(uint64_t comm_id, int rank, int size, FrameIO* io, ProtocolConfig cfg)
+    : comm_id_(comm_id), rank_(rank), size_(size), io_(io), cfg_(cfg), peers_(size) {
+  cfg_.window = std::clamp(cfg_.window, 1, kSackBits);
+}
+
+Protocol::~Protocol() = default;
+
+void Protocol::setPeer(int peer, uint32_t max_payload) {
+  Peer& p = peers_[peer];
+  p.max_payload = max_payload;
+  p.ring.assign(cfg_.window, InFlight{});
+  p.rto_ns = std::max<uint64_t>(cfg_.rto_min_ns, 10'000'000);
+  p.last_progress_ns = p.last_heard_ns = nowNs();
+  active_.push_back(peer);
+}
+
+// ---------------------------------------------------------------- posting
+void Protocol::isend(int peer, Request* r) {
+  Peer& p = peers_[peer];
+  if (p.failed) return r->fail(Request::kPeerFailure, p.fail_why);
+  r->offset = 0;  // packets acknowledged
+  r->tp_word = r->len == 0 ? 1 : (r->len + p.max_payload - 1) / p.max_payload;  // packets total
+  if (p.snd_una == p.snd_nxt && p.sendq.empty()) p.last_progress_ns = nowNs();
+  p.sendq.push_back(SendMsg{r, p.next_msg_seq++});
+  moved_ = true;
+}
+
+void Protocol::irecv(int peer, Request* r) {
+  Peer& p = peers_[peer];
+  if (p.failed) return r->fail(Request::kPeerFailure, p.fail_why);
+  uint32_t m = p.recv_base + static_cast<uint32_t>(p.recvq.size());
+  p.recvq.push_back(RecvSlot{r});
+  RecvSlot& s = p.recvq.back();
+  auto it = p.staged.find(m);
+  if (it != p.staged.end()) {
+    Staged& st = it->second;
+    checkRecvHeader(p, peer, s, st.tag, st.msg_len);
+    for (auto& [off, bytes] : st.chunks) {
+      if (!s.done) std::memcpy(static_cast<uint8_t*>(r->buf) + off, bytes.data(), bytes.size());
+      s.got += bytes.size();
+    }
+    p.staged_bytes -= st.bytes;
+    p.staged.erase(it);
+    if (!s.done && s.got >= s.msg_len) {
+      s.done = true;
+      r->complete();
+    }
+    finishRecvs(p);
+  }
+  if (p.want_retx) {  // we dropped data for lack of a posted buffer: ask for it now
+    p.want_retx = false;
+    sendAck(p, peer, kFlagWant);
+  }
+  moved_ = true;
+}
+
+// ---------------------------------------------------------------- sending
+bool Protocol::sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx) {
+  uint8_t* b = io_->begin(peer, f.len);
+  if (!b) return false;
+  WireHdr* h = reinterpret_cast<WireHdr*>(b);
+  std::memset(h, 0, sizeof *h);
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->type = static_cast<uint8_t>(PktType::kData);
+  h->flags = f.flags;
+  h->comm_id = comm_id_;
+  h->src_rank = rank_;
+  h->dst_rank = peer;
+  h->seq = seq;
+  h->msg_seq = f.msg_seq;
+  h->offset = f.offset;
+  h->payload_len = f.len;
+  h->tag = f.req->tag;
+  h->msg_len = f.req->len;
+  if (f.len) std::memcpy(b + kHdrLen, static_cast<const uint8_t*>(f.req->buf) + f.offset, f.len);
+  io_->commit(peer, f.len);
+  f.sent_ns = nowNs();
+  if (retx) {
+    f.retx++;
+    stats_.retx++;
+  } else {
+    stats_.data_tx++;
+  }
+  return true;
+}
+
+void Protocol::sendAck(Peer& p, int peer, uint8_t flags) {
+  uint8_t* b = io_->begin(peer, sizeof p.rcv_sack);
+  if (!b) return;  // retried on the next tick (ack_due stays set)
+  WireHdr* h = reinterpret_cast<WireHdr*>(b);
+  std::memset(h, 0, sizeof *h);
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->type = static_cast<uint8_t>(PktType::kAck);
+  h->flags = flags;
+  h->comm_id = comm_id_;
+  h->src_rank = rank_;
+  h->dst_rank = peer;
+  h->seq = p.rcv_nxt;
+  h->payload_len = sizeof p.rcv_sack;
+  std::memcpy(b + kHdrLen, p.rcv_sack, sizeof p.rcv_sack);
+  io_->commit(peer, sizeof p.rcv_sack);
+  p.ack_due = p.ack_now = false;
+  stats_.acks_tx++;
+}
+
+void Protocol::broadcastControl(PktType type, const std::string& text) {
+  for (int peer : active_) {
+    Peer& p = peers_[peer];
+    size_t n = std::min<size_t>(text.size(), std::min<uint32_t>(p.max_payload, 1000));
+    for (int copy = 0; copy < 3; copy++) {  // unreliable: send a few copies
+      uint8_t* b = io_->begin(peer, n);
+      if (!b) break;
+      WireHdr* h = reinterpret_cast<WireHdr*>(b);
+      std::memset(h, 0, sizeof *h);
+      h->magic = kMagic;
+      h->version = kVersion;
+      h->type = static_cast<uint8_t>(type);
+      h->comm_id = comm_id_;
+      h->src_rank = rank_;
+      h->dst_rank = peer;
+      h->seq = p.rcv_nxt;  // BYE doubles as a final cumulative ack
+      h->payload_len = n;
+      std::memcpy(b + kHdrLen, text.data(), n);
+      io_->commit(peer, n);
+    }
+  }
+}
+
+void Protocol::sendHello(int peer, uint64_t auth, uint8_t flags) {
+  // Padded to the pair's full payload size: if full-size frames do not get
+  // through (an MTU the path cannot carry), the handshake fails and says so
+  // instead of the first large message stalling.
+  uint32_t pad = peers_[peer].max_payload;
+  uint8_t* b = io_->begin(peer, pad);
+  if (!b) return;
+  WireHdr* h = reinterpret_cast<WireHdr*>(b);
+  std::memset(h, 0, sizeof *h);
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->type = static_cast<uint8_t>(PktType::kHello);
+  h->flags = flags;
+  h->comm_id = comm_id_;
+  h->src_rank = rank_;
+  h->dst_rank = peer;
+  h->tag = auth;
+  h->payload_len = pad;
+  std::memset(b + kHdrLen, 0, pad);
+  io_->commit(peer, pad);
+}
+
+void Protocol::sendPing(int peer) {
+  uint8_t* b = io_->begin(peer, 0);
+  if (!b) return;
+  WireHdr* h = reinterpret_cast<WireHdr*>(b);
+  std::memset(h, 0, sizeof *h);
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->type = static_cast<uint8_t>(PktType::kPing);
+  h->comm_id = comm_id_;
+  h->src_rank = rank_;
+  h->dst_rank = peer;
+  io_->commit(peer, 0);
+}
+
+void Protocol::ackedEntry(Peer& p, InFlight& f, uint64_t now, bool sample_rtt) {
+  if (!f.req) return;
+  if (sample_rtt && f.retx == 0) {  // Karn: only unambiguous samples
+    uint64_t rtt = now - f.sent_ns;
+    if (p.srtt_ns == 0) {
+      p.srtt_ns = rtt;
+      p.rttvar_ns = rtt / 2;
+    } else {
+      uint64_t d = rtt > p.srtt_ns ? rtt - p.srtt_ns : p.srtt_ns - rtt;
+      p.rttvar_ns = (3 * p.rttvar_ns + d) / 4;
+      p.srtt_ns = (7 * p.srtt_ns + rtt) / 8;
+    }
+    p.rto_ns = std::clamp<uint64_t>(p.srtt_ns + 4 * p.rttvar_ns, cfg_.rto_min_ns, cfg_.rto_max_ns);
+  }
+  Request* r = f.req;
+  f.req = nullptr;
+  if (++r->offset == r->tp_word && !r->done()) r->complete();
+  moved_ = true;
+}
+
+int Protocol::retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than_ns, int budget) {
+  int sent = 0;
+  for (uint32_t s = p.snd_una; s != p.snd_nxt && sent < budget; s++) {
+    InFlight& f = p.ring[s % cfg_.window];
+    if (!f.req || f.sacked || now - f.sent_ns < older_than_ns) continue;
+    if (!sendData(p, peer, s, f, true)) break;
+    sent++;
+  }
+  return sent;
+}
+
+void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
+  stats_.acks_rx++;
+  uint64_t now = nowNs();
+  uint32_t cum = h.seq;
+  if (seqLt(p.snd_una, cum) && !seqLt(p.snd_nxt, cum)) {
+    for (uint32_t s = p.snd_una; s != cum; s++) {
+      InFlight& f = p.ring[s % cfg_.window];
+      if (!f.sacked) ackedEntry(p, f, now, true);
+      f.req = nullptr;
+      f.sacked = false;
+    }
+    p.snd_una = cum;
+    p.last_progress_ns = now;
+    p.backoff = 0;
+  }
+  if (p.snd_una == p.snd_nxt) p.last_progress_ns = now;
+  uint64_t sack[kSackBits / 64] = {0, 0, 0, 0};
+  if (pl.total >= sizeof sack) pl.copyTo(reinterpret_cast<uint8_t*>(sack), sizeof sack);
+  bool any_sack = false;
+  uint32_t highest = cum;
+  for (int i = 0; i < kSackBits; i++) {
+    if (!(sack[i / 64] >> (i % 64) & 1)) continue;
+    uint32_t s = cum + 1 + i;
+    if (seqLt(s, p.snd_una) || !seqLt(s, p.snd_nxt)) continue;
+    InFlight& f = p.ring[s % cfg_.window];
+    if (!f.sacked && f.req) {
+      ackedEntry(p, f, now, true);
+      f.sacked = true;
+    }
+    any_sack = true;
+    highest = s;
+  }
+  if (h.flags & kFlagWant) {
+    // The receiver dropped data it had no room for and now has a buffer.
+    p.backoff = 0;
+    retransmitDue(p, peer, now, 0, cfg_.window);
+  } else if (p.snd_una != p.snd_nxt && now - p.ring[p.snd_una % cfg_.window].sent_ns >= p.rto_ns) {
+    // Recovery after a timeout: the ack clock drives the next few resends.
+    retransmitDue(p, peer, now, p.rto_ns, kRecoveryBurst);
+  }
+  if (any_sack && !(h.flags & kFlagWant)) {
+    // Fast retransmit: holes below the highest selectively acked packet that
+    // have been out for longer than a reordering allowance.
+    uint64_t allowance = std::max<uint64_t>(p.srtt_ns / 2, 200'000);
+    for (uint32_t s = p.snd_una; seqLt(s, highest); s++) {
+      InFlight& f = p.ring[s % cfg_.window];
+      if (!f.req || f.sacked || now - f.sent_ns < allowance) continue;
+      if (!sendData(p, peer, s, f, true)) break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- receiving
+bool Protocol::sackHas(const Peer& p, uint32_t seq) const {
+  int i = seqDiff(seq, p.rcv_nxt) - 1;
+  return i >= 0 && i < kSackBits && (p.rcv_sack[i / 64] >> (i % 64) & 1);
+}
+
+void Protocol::sackSet(Peer& p, uint32_t seq) {
+  int i = seqDiff(seq, p.rcv_nxt) - 1;
+  if (i >= 0 && i < kSackBits) p.rcv_sack[i / 64] |= 1ull << (i % 64);
+}
+
+void Protocol::sackShift(Peer& p) {
+  for (int w = 0; w < kSackBits / 64; w++) {
+    p.rcv_sack[w] >>= 1;
+    if (w + 1 < kSackBits / 64) p.rcv_sack[w] |= (p.rcv_sack[w + 1] & 1) << 63;
+  }
+}
+
+void Protocol::checkRecvHeader(Peer& p, int peer, RecvSlot& s, uint64_t tag, uint64_t len) {
+  s.known = true;
+  s.msg_len = len;
+  Request* r = s.req;
+  if (tag != r->tag || len != r->len) {
+    r->peer_tag = tag;
+    r->peer_len = len;
+    char why[256];
+    snprintf(why, sizeof why,
+             "message from rank %d does not match the posted receive: it has tag 0x%llx and %llu bytes, "
+             "this rank expected tag 0x%llx and %zu bytes",
+             peer, (unsigned long long)tag, (unsigned long long)len, (unsigned long long)r->tag, r->len);
+    s.done = true;
+    r->fail(Request::kMismatch, why);
+    moved_ = true;
+  }
+}
+
+void Protocol::finishRecvs(Peer& p) {
+  while (!p.recvq.empty() && p.recvq.front().done && p.recvq.front().known &&
+         p.recvq.front().got >= p.recvq.front().msg_len) {
+    p.recvq.pop_front();
+    p.recv_base++;
+  }
+}
+
+void Protocol::placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl, bool* accepted) {
+  *accepted = true;
+  int32_t idx = seqDiff(h.msg_seq, p.recv_base);
+  if (idx < 0) return;  // message already finished (only after a mismatch): discard
+  if (idx < static_cast<int32_t>(p.recvq.size())) {
+    RecvSlot& s = p.recvq[idx];
+    if (!s.known) checkRecvHeader(p, peer, s, h.tag, h.msg_len);
+    uint32_t n = std::min<uint64_t>(pl.total, h.payload_len);
+    if (!s.done && h.offset + n <= s.req->len)
+      pl.copyTo(static_cast<uint8_t*>(s.req->buf) + h.offset, n);  // straight to its place
+    s.got += n;
+    if (!s.done && s.got >= s.msg_len) {
+      s.done = true;
+      s.req->complete();
+      moved_ = true;
+    }
+    finishRecvs(p);
+    return;
+  }
+  // No receive posted yet for this message: stage the bytes (bounded).
+  uint32_t n = std::min<uint64_t>(pl.total, h.payload_len);
+  if (n > 0 && p.staged_bytes + n > cfg_.stage_bytes) {
+    *accepted = false;
+    p.want_retx = true;
+    stats_.stage_drops++;
+    return;
+  }
+  Staged& st = p.staged[h.msg_seq];
+  st.tag = h.tag;
+  st.msg_len = h.msg_len;
+  if (n > 0) {
+    std::vector<uint8_t> bytes(n);
+    pl.copyTo(bytes.data(), n);
+    st.chunks[h.offset] = std::move(bytes);
+    st.bytes += n;
+    p.staged_bytes += n;
+  }
+  stats_.staged++;
+}
+
+void Protocol::onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
+  int32_t d = seqDiff(h.seq, p.rcv_nxt);
+  if (d < 0 || (d > 0 && sackHas(p, h.seq))) {  // duplicate: re-acknowledge
+    stats_.dup_rx++;
+    p.ack_due = p.ack_now = true;
+    return;
+  }
+  if (d >= kSackBits) return;  // beyond any legal window: ignore
+  bool accepted;
+  placeData(p, peer, h, pl, &accepted);
+  if (!accepted) return;
+  stats_.data_rx++;
+  if (d == 0) {
+    for (;;) {
+      bool next_have = p.rcv_sack[0] & 1;
+      sackShift(p);
+      p.rcv_nxt++;
+      if (!next_have) break;
+    }
+  } else {
+    sackSet(p, h.seq);
+    stats_.ooo_rx++;
+    p.ack_now = true;
+  }
+  p.ack_due = true;
+  moved_ = true;
+}
+
+void Protocol::onFrame(const WireHdr& h, const PayloadView& pl) {
+  int peer = static_cast<int>(h.src_rank);
+  if (peer < 0 || peer >= size_ || peer == rank_) return;
+  Peer& p = peers_[peer];
+  if (p.ring.empty()) return;  // not a peer of this transport
+  p.last_heard_ns = nowNs();
+  switch (static_cast<PktType>(h.type)) {
+    case PktType::kData:
+      p.data_seen = true;
+      if (!p.failed) onData(p, peer, h, pl);
+      break;
+    case PktType::kAck:
+      p.data_seen = true;
+      if (!p.failed) onAck(p, peer, h, pl);
+      break;
+    case PktType::kPing:
+      p.ack_due = true;
+      break;
+    case PktType::kBye: {
+      WireHdr a = h;  // its cumulative ack first
+      a.flags = 0;
+      if (!p.failed) onAck(p, peer, a, PayloadView{});
+      [[fallthrough]];
+    }
+    case PktType::kHello:
+    case PktType::kAbort: {
+      Control c{static_cast<PktType>(h.type), peer, h.flags, h.tag, {}};
+      if (h.type != static_cast<uint8_t>(PktType::kHello)) {
+        c.text.resize(std::min<uint32_t>(pl.total, h.payload_len));
+        pl.copyTo(reinterpret_cast<uint8_t*>(c.text.data()), c.text.size());
+      }
+      controls_.push_back(std::move(c));
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- timers + tx
+bool Protocol::tick() {
+  uint64_t now = nowNs();
+  for (int peer : active_) {
+    Peer& p = peers_[peer];
+    if (p.failed) continue;
+    // 1. Retransmission timeout on the oldest unacknowledged packet.
+    if (p.snd_una != p.snd_nxt) {
+      InFlight& oldest = p.ring[p.snd_una % cfg_.window];
+      uint64_t rto = std::min<uint64_t>(p.rto_ns << std::min(p.backoff, 10), cfg_.rto_max_ns);
+      if (oldest.req && !oldest.sacked && now - oldest.sent_ns >= rto) {
+        // Resend a few of the oldest (not the whole window: a late ack is far
+        // more likely here than a lost window); acks then clock out the rest.
+        stats_.timeouts++;
+        p.backoff++;
+        retransmitDue(p, peer, now, rto, kRecoveryBurst);
+      }
+      if (now - p.last_progress_ns > cfg_.peer_timeout_ns) {
+        char why[200];
+        snprintf(why, sizeof why, "rank %d stopped acknowledging data over the dpdk transport for %.0f s",
+                 peer, cfg_.peer_timeout_ns / 1e9);
+        failPeer(peer, why);
+        continue;
+      }
+    }
+    // 2. New data, as far as the window allows.
+    int burst = 0;
+    while (!p.sendq.empty() && seqDiff(p.snd_nxt, p.snd_una) < cfg_.window && burst < cfg_.max_burst) {
+      SendMsg& m = p.sendq.front();
+      uint64_t left = m.req->len - m.next_off;
+      if (left == 0 && m.started) {
+        p.sendq.pop_front();
+        continue;
+      }
+      InFlight& f = p.ring[p.snd_nxt % cfg_.window];
+      f = InFlight{};
+      f.req = m.req;
+      f.msg_seq = m.msg_seq;
+      f.offset = m.next_off;
+      f.len = static_cast<uint32_t>(std::min<uint64_t>(left, p.max_payload));
+      f.flags = (m.next_off == 0 ? kFlagFirst : 0) | (m.next_off + f.len == m.req->len ? kFlagLast : 0);
+      if (!sendData(p, peer, p.snd_nxt, f, false)) {
+        f.req = nullptr;
+        break;
+      }
+      p.snd_nxt++;
+      m.next_off += f.len;
+      m.started = true;
+      burst++;
+      if (m.next_off == m.req->len) p.sendq.pop_front();
+      moved_ = true;
+    }
+    // 3. Acknowledgements owed.
+    if (p.ack_due) sendAck(p, peer, 0);
+  }
+  bool m = moved_;
+  moved_ = false;
+  return m;
+}
+
+bool Protocol::peerBusy(int peer) const {
+  const Peer& p = peers_[peer];
+  if (p.snd_una != p.snd_nxt || !p.sendq.empty()) return true;
+  for (const auto& s : p.recvq)
+    if (!s.done) return true;
+  return false;
+}
+
+bool Protocol::hasPending() const {
+  for (int peer : active_)
+    if (peerBusy(peer)) return true;
+  return false;
+}
+
+void Protocol::failPeer(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (!p.failed) {
+    p.failed = true;
+    p.fail_why = why;
+  }
+  for (auto& f : p.ring) {
+    if (f.req && !f.req->done()) f.req->fail(Request::kPeerFailure, p.fail_why);
+    f.req = nullptr;
+  }
+  for (auto& m : p.sendq)
+    if (!m.req->done()) m.req->fail(Request::kPeerFailure, p.fail_why);
+  p.sendq.clear();
+  for (auto& s : p.recvq)
+    if (!s.done) {
+      s.done = true;
+      s.req->fail(Request::kPeerFailure, p.fail_why);
+    }
+  p.recvq.clear();
+  p.staged.clear();
+  p.staged_bytes = 0;
+  p.snd_una = p.snd_nxt;
+  moved_ = true;
+}
+
+}  // namespace harp::dpdk
