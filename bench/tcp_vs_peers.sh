@@ -8,9 +8,10 @@
 set -euo pipefail
 out=${1:-bench/out}
 mkdir -p "$out"
+BENCH=${HARP_BENCH:-harp-bench}
 for np in 2 4; do
-  harp-bench allreduce -np "$np" -b 1M -e 64M -f 2 -n 10 -w 3 --transport tcp --compare gloo,mpi \
+  $BENCH allreduce -np "$np" -b 1M -e 64M -f 2 -n 8 -w 2 --transport tcp --compare gloo,mpi \
     --json "$out/tcp_bw_np$np.json" --no-progress | tee "$out/tcp_bw_np$np.txt"
-  HARP_BENCH_MPI_MCA="btl=tcp,self" harp-bench allreduce -np "$np" -b 8 -e 8 -n 2000 -w 200 --transport tcp \
+  HARP_BENCH_MPI_MCA="btl=tcp,self" $BENCH allreduce -np "$np" -b 8 -e 8 -n 2000 -w 200 --transport tcp \
     --compare gloo,mpi --json "$out/tcp_lat_np$np.json" --no-progress | tee "$out/tcp_lat_np$np.txt"
 done
