@@ -34,6 +34,8 @@ from harness import run_ranks
 
 SHM = {"HARP_TRANSPORT": "shm"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the harp under test lives (the installed package in CI, python/ in a dev tree).
+HARP_PATH = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))
 
 # ------------------------------------------------------------------ foundation suites on shm
 _orig_start = harness.start_ranks
@@ -239,7 +241,7 @@ def test_tiny_dev_shm(nomemfd):
     there, so shm works; the shm_open fallback fails with an error naming
     /dev/shm and how to fix it."""
     code = _TINY_DEVSHM.format(tests=os.path.dirname(os.path.abspath(__file__)), nomemfd=nomemfd)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python")] + sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HARP_PATH] + sys.path))
     out = subprocess.run(["unshare", "-m", "sh", "-c",
                           "mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$0\" -c \"$1\"", sys.executable, code],
                          capture_output=True, text=True, timeout=120, env=env)
@@ -307,7 +309,7 @@ def test_mixed_shm_and_tcp_across_two_network_namespaces(two_netns):
     import json
     a, b = two_netns
     n = 4
-    code = _MIXED.format(python=os.path.join(ROOT, "python"))
+    code = _MIXED.format(python=HARP_PATH)
     procs = []
     for r in range(n):
         ns = a if r < 2 else b

@@ -34,11 +34,14 @@ def main(argv=None):
             sys.exit(1)
         if a.install_libnccl:
             os.makedirs(a.install_libnccl, exist_ok=True)
-            link = os.path.join(a.install_libnccl, "libnccl.so.2")
-            if os.path.lexists(link):
-                os.remove(link)
-            os.symlink(path, link)
-            path = link
+            # libharp-nccl.so finds libharp.so through $ORIGIN, which the loader takes
+            # from the path it opened (the link), so link libharp.so beside it too.
+            for name, target in (("libnccl.so.2", path), ("libharp.so", os.path.join(libdir, "libharp.so"))):
+                link = os.path.join(a.install_libnccl, name)
+                if os.path.lexists(link):
+                    os.remove(link)
+                os.symlink(target, link)
+            path = os.path.join(a.install_libnccl, "libnccl.so.2")
         print(path)
         return
     if a.nccl_include:

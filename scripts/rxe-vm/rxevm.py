@@ -326,7 +326,12 @@ def run(cmd: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | N
     kver, vmlinuz = find_kernel()
     initrd = initramfs(kver)
     cwd = os.path.abspath(cwd or os.getcwd())
+    # A working directory under /tmp is shared into the guest on its own (the
+    # guest's /tmp is a private tmpfs); /run, /dev/shm and the Python cannot be.
+    share_cwd = cwd.startswith("/tmp/") and " " not in cwd
     for what, path in (("working directory", cwd), ("Python", sys.executable)):
+        if what == "working directory" and share_cwd:
+            continue
         if any(path == d or path.startswith(d + "/") for d in ("/tmp", "/run", "/dev/shm")):
             raise VmUnavailable(f"the {what} {path} is under /tmp, /run or /dev/shm, which the guest replaces "
                                 "with its own tmpfs; use a checkout / virtualenv elsewhere")
@@ -344,10 +349,12 @@ def run(cmd: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | N
         argv = [_qemu(), "-accel", "tcg,thread=multi", "-cpu", "max", "-m", str(memory_mb),
                 "-smp", str(cpus), "-display", "none", "-monitor", "none", "-serial", f"file:{console}",
                 "-no-reboot", "-kernel", vmlinuz, "-initrd", initrd,
-                "-append", "console=ttyS0 quiet loglevel=3 panic=-1",
+                "-append", "console=ttyS0 quiet loglevel=3 panic=-1" + (f" harpcwd={cwd}" if share_cwd else ""),
                 "-nic", "none",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                 "-virtfs", f"local,path={work},mount_tag=work,security_model=none"]
+        if share_cwd:
+            argv += ["-virtfs", f"local,path={cwd},mount_tag=cwd,security_model=none"]
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
