@@ -11,6 +11,7 @@
 #include <rte_mbuf.h>
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -126,6 +127,14 @@ DpdkTransport::~DpdkTransport() {
     HARP_INFO("dpdk: link %s: tx dropped (ring full) %llu, frames for no receiver %llu", l->name.c_str(),
               (unsigned long long)l->tx_drops.load(), (unsigned long long)l->rx_foreign.load());
   if (connected_ && !aborted_) {
+    // A send completes once its data is handed to the wire, not when the peer
+    // has acknowledged it: keep retransmitting until everything is acked (or
+    // a bounded wait passes), so a lost frame is not lost for good when this
+    // rank closes right after its last collective.
+    const uint64_t until = Protocol::nowNs() + static_cast<uint64_t>(std::min(info_.timeout_s, 10.0) * 1e9);
+    while (proto_->hasPending() && Protocol::nowNs() < until) {
+      if (!progressLocked()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     proto_->broadcastControl(PktType::kBye, "");
     flushTx();
   }
