@@ -47,6 +47,19 @@ void translate(const Error& e) {
   PyErr_SetString(cls.ptr(), e.what());
 }
 
+// The arguments every collective call from Python carries.
+CollArgs collArgs(int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root) {
+  CollArgs a;
+  a.coll = static_cast<CollType>(coll);
+  a.sendbuf = reinterpret_cast<const void*>(send);
+  a.recvbuf = reinterpret_cast<void*>(recv);
+  a.count = count;
+  a.dtype = static_cast<DataType>(dtype);
+  a.op = static_cast<ReduceOp>(op);
+  a.root = root;
+  return a;
+}
+
 std::vector<size_t> toSizes(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace
@@ -137,14 +150,7 @@ PYBIND11_MODULE(_harp, m) {
       .def("run",
            [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
               const std::string& algo) {
-             CollArgs a;
-             a.coll = static_cast<CollType>(coll);
-             a.sendbuf = reinterpret_cast<const void*>(send);
-             a.recvbuf = reinterpret_cast<void*>(recv);
-             a.count = count;
-             a.dtype = static_cast<DataType>(dtype);
-             a.op = static_cast<ReduceOp>(op);
-             a.root = root;
+             CollArgs a = collArgs(coll, send, recv, count, dtype, op, root);
              a.opts.algo = algo;
              py::gil_scoped_release nogil;
              c.submit(std::move(a), false);
@@ -154,14 +160,7 @@ PYBIND11_MODULE(_harp, m) {
               int peer, uint32_t tag, const std::string& algo, double timeout, bool async,
               const std::vector<long long>& sendcounts, const std::vector<long long>& sdispls,
               const std::vector<long long>& recvcounts, const std::vector<long long>& rdispls) {
-             CollArgs a;
-             a.coll = static_cast<CollType>(coll);
-             a.sendbuf = reinterpret_cast<const void*>(send);
-             a.recvbuf = reinterpret_cast<void*>(recv);
-             a.count = count;
-             a.dtype = static_cast<DataType>(dtype);
-             a.op = static_cast<ReduceOp>(op);
-             a.root = root;
+             CollArgs a = collArgs(coll, send, recv, count, dtype, op, root);
              a.peer = peer;
              a.tag = tag;
              a.opts.algo = algo;
