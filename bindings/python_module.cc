@@ -6,6 +6,7 @@
 // The GIL is released while a collective runs or is waited for. C++ errors
 // become the exception classes of harp.errors (by harp::Error::Kind).
 #include <pybind11/functional.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -58,6 +59,38 @@ CollArgs collArgs(int coll, uintptr_t send, uintptr_t recv, size_t count, int dt
   a.op = static_cast<ReduceOp>(op);
   a.root = root;
   return a;
+}
+
+// numpy type number -> HARP datatype, -1 where HARP has none (the general
+// Python path then names the problem). Values from numpy's NPY_TYPES.
+int dtypeOfNumpy(int num) {
+  switch (num) {
+    case 0: return static_cast<int>(DataType::kBool);      // NPY_BOOL
+    case 1: return static_cast<int>(DataType::kInt8);      // NPY_BYTE
+    case 2: return static_cast<int>(DataType::kUint8);     // NPY_UBYTE
+    case 5: return static_cast<int>(DataType::kInt32);     // NPY_INT
+    case 6: return static_cast<int>(DataType::kUint32);    // NPY_UINT
+    case 7: case 9: return static_cast<int>(DataType::kInt64);    // NPY_LONG, NPY_LONGLONG (LP64)
+    case 8: case 10: return static_cast<int>(DataType::kUint64);  // NPY_ULONG, NPY_ULONGLONG
+    case 11: return static_cast<int>(DataType::kFloat32);  // NPY_FLOAT
+    case 12: return static_cast<int>(DataType::kFloat64);  // NPY_DOUBLE
+    case 23: return static_cast<int>(DataType::kFloat16);  // NPY_HALF
+    default: return -1;
+  }
+}
+
+// A numpy array usable as-is by the fast path: exactly ndarray, C-contiguous,
+// a HARP dtype, writable when asked. Anything else returns false and the
+// Python layer handles it (and words the error, if there is one).
+bool plainArray(PyObject* o, bool writable, void** data, size_t* count, int* dtype) {
+  if (!py::isinstance<py::array>(o)) return false;
+  auto a = py::reinterpret_borrow<py::array>(o);
+  if (!(a.flags() & py::array::c_style) || (writable && !a.writeable())) return false;
+  *dtype = dtypeOfNumpy(a.dtype().num());
+  if (*dtype < 0) return false;
+  *data = const_cast<void*>(a.data());
+  *count = static_cast<size_t>(a.size());
+  return true;
 }
 
 std::vector<size_t> toSizes(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
@@ -154,6 +187,31 @@ PYBIND11_MODULE(_harp, m) {
              a.opts.algo = algo;
              py::gil_scoped_release nogil;
              c.submit(std::move(a), false);
+           })
+      // Fastest path, for blocking allreduce/broadcast/reduce on numpy arrays:
+      // the array checks happen here instead of in Python. `recv` None means
+      // in place. Returns false, doing nothing, when the arguments need the
+      // general path (not a plain C-contiguous ndarray of a HARP dtype, or
+      // send/recv differing in dtype or size).
+      .def("run_arrays",
+           [](Communicator& c, int coll, py::handle send, py::handle recv, int op, int root, const std::string& algo) {
+             void *s = nullptr, *r = nullptr;
+             size_t ns = 0, nr = 0;
+             int ds = 0, dr = 0;
+             bool inPlace = recv.is_none();
+             bool needOut = coll != static_cast<int>(CollType::kReduce) || c.rank() == root;
+             if (!plainArray(send.ptr(), inPlace && needOut, &s, &ns, &ds)) return false;
+             if (inPlace) {
+               r = s;
+             } else if (!plainArray(recv.ptr(), true, &r, &nr, &dr) || nr != ns || dr != ds) {
+               return false;
+             }
+             CollArgs a = collArgs(coll, reinterpret_cast<uintptr_t>(ns ? s : nullptr),
+                                   reinterpret_cast<uintptr_t>(ns && needOut ? r : nullptr), ns, ds, op, root);
+             a.opts.algo = algo;
+             py::gil_scoped_release nogil;
+             c.submit(std::move(a), false);
+             return true;
            })
       .def("submit",
            [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,

@@ -69,6 +69,9 @@ _OP_NAMES = {
     "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
 }
 
+# Op names and codes accepted as-is by the fast call path (exact spelling).
+OP_CODES = {**{k: int(v) for k, v in _OP_NAMES.items()}, **{v: int(v) for v in ReduceOp}}
+
 
 def dtype_of(arr: np.ndarray, override=None) -> DataType:
     """HARP datatype of a numpy array (bfloat16 from ml_dtypes is recognised)."""

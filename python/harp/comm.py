@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _harp
 from ._buffers import address, as_array
-from ._types import Coll, DataType, ReduceOp, dtype_of, parse_op
+from ._types import OP_CODES, Coll, DataType, ReduceOp, dtype_of, parse_op
 from .errors import InvalidArgumentError
 
 
@@ -119,6 +119,17 @@ class Communicator:
             return Work(w, result, keep)
         return result
 
+    def _fast(self, coll, sendbuf, recvbuf, op, root, dtype, async_op, algo, timeout) -> bool:
+        """The common blocking call on plain numpy arrays, checked and run in C++ (about 1 us
+        instead of 10). False when the call needs the general path below."""
+        if dtype is not None or async_op or timeout is not None:
+            return False
+        try:
+            code = OP_CODES.get(op)
+        except TypeError:  # unhashable op: let parse_op word the error
+            return False
+        return code is not None and self._c.run_arrays(coll, sendbuf, recvbuf, code, root, algo or "")
+
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise InvalidArgumentError(f"root {root} is out of range for {self.size} ranks")
@@ -138,6 +149,8 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
         """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
+        if self._fast(0, sendbuf, recvbuf, op, 0, dtype, async_op, algo, timeout):
+            return recvbuf if recvbuf is not None else sendbuf
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt = dtype_of(send, dtype)
         out = send if recvbuf is None else self._out(recvbuf, send, send.size, "allreduce")
@@ -147,6 +160,9 @@ class Communicator:
 
     def broadcast(self, buf, root: int = 0, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Copy root's buf to every rank's buf (in place)."""
+        if type(root) is int and 0 <= root < self.size and self._fast(1, buf, None, 0, root, dtype, async_op, algo,
+                                                                         timeout):
+            return buf
         root = self._check_root(root)
         arr = as_array(buf, "broadcast: buf", writable=True)
         dt = dtype_of(arr, dtype)
