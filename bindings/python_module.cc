@@ -190,11 +190,11 @@ PYBIND11_MODULE(_harp, m) {
            })
       // Fastest path, for blocking allreduce/broadcast/reduce on numpy arrays:
       // the array checks happen here instead of in Python. `recv` None means
-      // in place. Returns false, doing nothing, when the arguments need the
+      // in place; `algo` a name or None. Returns false, doing nothing, when the arguments need the
       // general path (not a plain C-contiguous ndarray of a HARP dtype, or
       // send/recv differing in dtype or size).
       .def("run_arrays",
-           [](Communicator& c, int coll, py::handle send, py::handle recv, int op, int root, const std::string& algo) {
+           [](Communicator& c, int coll, py::handle send, py::handle recv, int op, int root, py::handle algo) {
              void *s = nullptr, *r = nullptr;
              size_t ns = 0, nr = 0;
              int ds = 0, dr = 0;
@@ -208,7 +208,7 @@ PYBIND11_MODULE(_harp, m) {
              }
              CollArgs a = collArgs(coll, reinterpret_cast<uintptr_t>(ns ? s : nullptr),
                                    reinterpret_cast<uintptr_t>(ns && needOut ? r : nullptr), ns, ds, op, root);
-             a.opts.algo = algo;
+             if (!algo.is_none()) a.opts.algo = algo.cast<std::string>();
              py::gil_scoped_release nogil;
              c.submit(std::move(a), false);
              return true;

@@ -128,7 +128,7 @@ class Communicator:
             code = OP_CODES.get(op)
         except TypeError:  # unhashable op: let parse_op word the error
             return False
-        return code is not None and self._c.run_arrays(coll, sendbuf, recvbuf, code, root, algo or "")
+        return code is not None and self._c.run_arrays(coll, sendbuf, recvbuf, code, root, algo)
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -149,8 +149,13 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
         """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
-        if self._fast(0, sendbuf, recvbuf, op, 0, dtype, async_op, algo, timeout):
-            return recvbuf if recvbuf is not None else sendbuf
+        if dtype is None and not async_op and timeout is None:  # the fast path of _fast(), inlined
+            try:
+                code = OP_CODES.get(op)
+            except TypeError:
+                code = None
+            if code is not None and self._c.run_arrays(0, sendbuf, recvbuf, code, 0, algo):
+                return recvbuf if recvbuf is not None else sendbuf
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt = dtype_of(send, dtype)
         out = send if recvbuf is None else self._out(recvbuf, send, send.size, "allreduce")
