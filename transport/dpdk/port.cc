@@ -330,7 +330,9 @@ void Runtime::setupPort(Link* l, uint16_t port, unsigned want_mtu) {
   rc = rte_eth_tx_queue_setup(port, 0, ntx, sock, nullptr);
   if (rc != 0) throw unavailable("tx queue set-up on " + l->name + ": " + rteErr(rc));
   // Jumbo frames where the port allows: ask for the MTU; keep what it accepts.
-  if (rte_eth_dev_set_mtu(port, mtu) != 0) {
+  // Not on a port whose reported limit is known to be wrong (trust_mtu): af_packet
+  // would push the clamped value down to the kernel interface's MTU.
+  if (!l->trust_mtu && rte_eth_dev_set_mtu(port, mtu) != 0) {
     uint16_t cur = 0;
     if (rte_eth_dev_get_mtu(port, &cur) == 0 && cur >= 256) mtu = std::min<unsigned>(mtu, cur);
     else mtu = std::min<unsigned>(mtu, 1500);
@@ -387,6 +389,10 @@ Link* Runtime::l2Link() {
     unsigned framesz = 2048;
     while (framesz < mtu + kEthHdrLen + 64) framesz *= 2;
     l->min_room = framesz;
+    // DPDK 22.11's af_packet reports a 1518-byte frame limit to ethdev, but its
+    // rx/tx paths carry whole ring frames (framesz, sized above): jumbo frames
+    // up to the interface's MTU work, so use that MTU.
+    l->trust_mtu = true;
     port = probePort("net_af_packet_harp,iface=" + iface + ",qpairs=1,blocksz=" + std::to_string(std::max(framesz, 4096u)) +
                          ",framesz=" + std::to_string(framesz) + ",framecnt=1024",
                      s);
