@@ -338,6 +338,24 @@ std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
   return algo;
 }
 
+const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
+  const size_t bytes = bytesOf(a);
+  const size_t slot = static_cast<size_t>(a.coll);
+  const bool memo = a.opts.algo.empty() && slot < std::size(algo_memo_);
+  if (memo && algo_memo_[slot].valid && algo_memo_[slot].bytes == bytes) return algo_memo_[slot].algo;
+  const std::string name = chooseAlgorithm(a);
+  const Algorithm* algo = findAlgorithm(a.coll, name);
+  if (logLevel() >= LogLevel::kInfo) {
+    std::string key = std::string(collName(a.coll)) + "/" + name;
+    if (std::find(logged_algos_.begin(), logged_algos_.end(), key) == logged_algos_.end()) {
+      logged_algos_.push_back(key);
+      HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks)", collName(a.coll), name.c_str(), bytes, size_);
+    }
+  }
+  if (memo) algo_memo_[slot] = {true, bytes, algo};
+  return algo;
+}
+
 // ---------------------------------------------------------------------------
 // Execution
 
@@ -413,17 +431,10 @@ void Communicator::runCollective(CollArgs& a) {
   int tag_root = p2p ? static_cast<int>(a.tag) : a.root;
   uint64_t tag = makeTag(seq, tag_coll, a.dtype, a.op, tag_root, a.count);
   double timeout = a.opts.timeout_s > 0 ? a.opts.timeout_s : timeout_s_;
-  std::string algo = chooseAlgorithm(a);
-  if (logLevel() >= LogLevel::kInfo) {
-    std::string key = std::string(collName(a.coll)) + "/" + algo;
-    if (std::find(logged_algos_.begin(), logged_algos_.end(), key) == logged_algos_.end()) {
-      logged_algos_.push_back(key);
-      HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks)", collName(a.coll), algo.c_str(), bytesOf(a), size_);
-    }
-  }
+  const Algorithm* algo = algorithmFor(a);
   try {
     Context ctx(*this, a, tag, timeout);
-    findAlgorithm(a.coll, algo)->fn(ctx);
+    algo->fn(ctx);
   } catch (const Error& e) {
     if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
     throw;

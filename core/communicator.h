@@ -183,6 +183,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Error::Kind broken_kind_ = Error::kInternal;
   bool destroyed_ = false;
   std::vector<std::string> logged_algos_;
+  // The tuning table's last answer per collective (exact byte count), so a
+  // training loop's repeated calls skip the table walk. Touched by the
+  // executing thread only (under exec_mu_).
+  struct AlgoMemo {
+    bool valid = false;
+    size_t bytes = 0;
+    const struct Algorithm* algo = nullptr;
+  };
+  AlgoMemo algo_memo_[32];
+  const struct Algorithm* algorithmFor(const CollArgs& a);
 };
 
 }  // namespace harp

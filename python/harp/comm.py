@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _harp
 from ._buffers import address, as_array
+from ._harp import run_arrays as _run_arrays
 from ._types import OP_CODES, Coll, DataType, ReduceOp, dtype_of, parse_op
 from .errors import InvalidArgumentError
 
@@ -128,7 +129,7 @@ class Communicator:
             code = OP_CODES.get(op)
         except TypeError:  # unhashable op: let parse_op word the error
             return False
-        return code is not None and self._c.run_arrays(coll, sendbuf, recvbuf, code, root, algo)
+        return code is not None and _run_arrays(self._c, coll, sendbuf, recvbuf, code, root, algo)
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -154,7 +155,7 @@ class Communicator:
                 code = OP_CODES.get(op)
             except TypeError:
                 code = None
-            if code is not None and self._c.run_arrays(0, sendbuf, recvbuf, code, 0, algo):
+            if code is not None and _run_arrays(self._c, 0, sendbuf, recvbuf, code, 0, algo):
                 return recvbuf if recvbuf is not None else sendbuf
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt = dtype_of(send, dtype)
