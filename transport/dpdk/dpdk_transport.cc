@@ -107,6 +107,7 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS", 5.0) * 1e6);
   pc.peer_timeout_ns = static_cast<uint64_t>(std::max(info.timeout_s, 1.0) * 1e9);
   pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES", 8u << 20);
+  pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES", pc.eager_bytes);
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
   auth_ = fnv64("harp-dpdk" + info.token);
   boot_id_ = readFirstLine("/proc/sys/kernel/random/boot_id");
@@ -115,6 +116,14 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
 }
 
 DpdkTransport::~DpdkTransport() {
+  if (keeper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> k(keeper_mu_);
+      keeper_stop_ = true;
+    }
+    keeper_cv_.notify_all();
+    keeper_.join();
+  }
   std::lock_guard<std::mutex> g(mu_);
   const ProtocolStats& st = proto_->stats();
   HARP_INFO("dpdk: comm %016llx closing: data packets tx %llu rx %llu, retransmitted %llu (timeouts %llu), "
@@ -127,8 +136,8 @@ DpdkTransport::~DpdkTransport() {
     HARP_INFO("dpdk: link %s: tx dropped (ring full) %llu, frames for no receiver %llu", l->name.c_str(),
               (unsigned long long)l->tx_drops.load(), (unsigned long long)l->rx_foreign.load());
   if (connected_ && !aborted_) {
-    // A send completes once its data is handed to the wire, not when the peer
-    // has acknowledged it: keep retransmitting until everything is acked (or
+    // A small send completes once its data is queued, not when the peer has
+    // acknowledged it (Protocol::EagerSend): keep retransmitting until everything is acked (or
     // a bounded wait passes), so a lost frame is not lost for good when this
     // rank closes right after its last collective.
     const uint64_t until = Protocol::nowNs() + static_cast<uint64_t>(std::min(info_.timeout_s, 10.0) * 1e9);
@@ -269,6 +278,7 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
   }
   for (int p : peers)
     HARP_INFO("dpdk: connected to rank %d via %s, %s", p, peers_[p].link->name.c_str(), describePeer(p).c_str());
+  keeper_ = std::thread([this] { keeperLoop(); });
 }
 
 std::string DpdkTransport::describePeer(int p) const {
@@ -475,8 +485,19 @@ bool DpdkTransport::progressLocked() {
   return moved;
 }
 
+void DpdkTransport::keeperLoop() {
+  std::unique_lock<std::mutex> k(keeper_mu_);
+  while (!keeper_cv_.wait_for(k, std::chrono::milliseconds(1), [&] { return keeper_stop_; })) {
+    if (Protocol::nowNs() - last_progress_ns_.load(std::memory_order_relaxed) < 1'000'000) continue;
+    std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+    if (!g.owns_lock() || aborted_ || !proto_->hasUnackedSends()) continue;
+    progressLocked();
+  }
+}
+
 bool DpdkTransport::progress() {
   std::lock_guard<std::mutex> g(mu_);
+  last_progress_ns_.store(Protocol::nowNs(), std::memory_order_relaxed);
   bool moved = progressLocked();
   if (moved) idle_since_ns_ = 0;
   return moved;

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
     std::unique_ptr<transport::Pair> pair;
   };
   bool progressLocked();
+  void keeperLoop();
   void handleFrame(rte_mbuf* m);
   void processFrame(rte_mbuf* m);
   void handleControls();
@@ -79,6 +82,15 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   uint64_t my_start_ = 0;
   uint64_t idle_since_ns_ = 0, last_live_check_ns_ = 0;
   std::mutex mu_;
+  // Small sends complete before they are acknowledged (Protocol::EagerSend), so
+  // their retransmission must not wait for the application to call in again:
+  // while nobody drives progress, the keeper thread does, every millisecond,
+  // as long as unacknowledged data is out.
+  std::thread keeper_;
+  std::mutex keeper_mu_;
+  std::condition_variable keeper_cv_;
+  bool keeper_stop_ = false;
+  std::atomic<uint64_t> last_progress_ns_{0};
   bool connected_ = false;
   std::atomic<bool> aborted_{false};
 };

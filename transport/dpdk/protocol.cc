@@ -40,6 +40,25 @@ void Protocol::setPeer(int peer, uint32_t max_payload) {
 void Protocol::isend(int peer, Request* r) {
   Peer& p = peers_[peer];
   if (p.failed) return r->fail(Request::kPeerFailure, p.fail_why);
+  if (r->len <= cfg_.eager_bytes && r->len <= p.max_payload) {
+    // Small: send from a copy and complete the user's request now.
+    while (!p.eager.empty() && p.eager.front()->req.done()) {  // acknowledged (or failed): reusable
+      p.eager_free.push_back(std::move(p.eager.front()));
+      p.eager.pop_front();
+    }
+    if (p.eager_free.empty()) p.eager_free.push_back(std::make_unique<EagerSend>());
+    EagerSend* e = p.eager.emplace_back(std::move(p.eager_free.back())).get();
+    p.eager_free.pop_back();
+    const uint8_t* src = static_cast<const uint8_t*>(r->buf);
+    e->bytes.assign(src, src + r->len);
+    e->req = Request{};
+    e->req.buf = e->bytes.data();
+    e->req.len = r->len;
+    e->req.tag = r->tag;
+    e->req.peer = r->peer;
+    r->complete();
+    r = &e->req;
+  }
   r->offset = 0;  // packets acknowledged
   r->tp_word = r->len == 0 ? 1 : (r->len + p.max_payload - 1) / p.max_payload;  // packets total
   if (p.snd_una == p.snd_nxt && p.sendq.empty()) p.last_progress_ns = nowNs();
@@ -483,6 +502,14 @@ bool Protocol::peerBusy(int peer) const {
   if (p.snd_una != p.snd_nxt || !p.sendq.empty()) return true;
   for (const auto& s : p.recvq)
     if (!s.done) return true;
+  return false;
+}
+
+bool Protocol::hasUnackedSends() const {
+  for (int peer : active_) {
+    const Peer& p = peers_[peer];
+    if (!p.failed && (p.snd_una != p.snd_nxt || !p.sendq.empty())) return true;
+  }
   return false;
 }
 

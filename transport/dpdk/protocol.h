@@ -52,6 +52,7 @@ struct ProtocolConfig {
   uint64_t peer_timeout_ns = 60'000'000'000ull;  // no ack progress for this long = peer failed
   size_t stage_bytes = 8u << 20;    // per peer: bytes buffered for receives not yet posted
   int max_burst = 64;               // data packets per peer per tick
+  size_t eager_bytes = 16384;       // sends up to this size (and one packet) complete when queued
 };
 
 struct ProtocolStats {
@@ -74,6 +75,7 @@ class Protocol {
   // Timers, transmission of queued data, acknowledgements. True if anything moved.
   bool tick();
   bool hasPending() const;    // any request not finished
+  bool hasUnackedSends() const;  // data queued or in flight to any peer
   bool moved() { bool m = moved_; moved_ = false; return m; }
 
   // Fail every request of `peer` and refuse later ones.
@@ -134,8 +136,18 @@ class Protocol {
     std::map<uint64_t, std::vector<uint8_t>> chunks;  // offset -> bytes
     size_t bytes = 0;
   };
+  // A copy of a small send's bytes, so the user's send completes at once (as a
+  // kernel socket's does) instead of after the peer's acknowledgement: the
+  // protocol then retransmits from the copy. `req` stands in for the user's
+  // request until every packet is acknowledged; done() means reusable.
+  struct EagerSend {
+    transport::Request req;
+    std::vector<uint8_t> bytes;
+  };
   struct Peer {
     uint32_t max_payload = 1400;
+    std::deque<std::unique_ptr<EagerSend>> eager;       // in send order
+    std::vector<std::unique_ptr<EagerSend>> eager_free;
     bool failed = false;
     std::string fail_why;
     // send side
