@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 out=${1:-bench/out-shm}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# numpy's BLAS threads are not used by any library here; idle, they only take CPU.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 for np_ in ${NPS:-2 4}; do
   echo "# $(date -u) load $(cut -d' ' -f1-3 /proc/loadavg)"
   ${NICE:-} mpirun -np "$np_" --oversubscribe --bind-to none python3 bench/shm_compare.py -b 8 -e 64M \

@@ -93,6 +93,10 @@ def main():
     if "gloo" in libs:
         import torch
         import torch.distributed as dist
+        # torch's intra-op (OpenMP) threads spin after each parallel region and would
+        # take CPU from whichever library runs next in this process; gloo's
+        # allreduce does not need them.
+        torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=n)
 
@@ -119,7 +123,8 @@ def main():
             exp = (np.arange(count) % 13) * n + n * (n - 1) / 2
             ok[lib] = bool(comm.allreduce(int(np.array_equal(x, exp.astype(np.float32))), op=MPI.MIN))
         x = np.zeros(count, np.float32)
-        iters = int(max(2, min(a.max_iters, (1 << 20) // size)))
+        # Enough calls per batch that one batch is not one cache state (>= 5, ~64 MB moved).
+        iters = int(max(5, min(a.max_iters, (64 << 20) // size)))
         for lib in libs:  # warm up
             for _ in range(max(1, iters // 4)):
                 impl[lib](x)
