@@ -86,6 +86,10 @@ bool plainArray(PyObject* o, bool writable, void** data, size_t* count, int* dty
   if (!py::isinstance<py::array>(o)) return false;
   auto a = py::reinterpret_borrow<py::array>(o);
   if (!(a.flags() & py::array::c_style) || (writable && !a.writeable())) return false;
+  // The type number ignores byte order: a byte-swapped array ('>f4' here) must
+  // take the general path, which refuses it, not be reduced as native floats.
+  const char order = a.dtype().byteorder();
+  if (order != '=' && order != '|') return false;
   *dtype = dtypeOfNumpy(a.dtype().num());
   if (*dtype < 0) return false;
   *data = const_cast<void*>(a.data());

@@ -47,6 +47,7 @@ def _local_errors(rank, size):
     ro.flags.writeable = False
     expect(lambda: comm.allreduce(ro), "read-only")
     expect(lambda: comm.broadcast(ro), "read-only")
+    expect(lambda: comm.allreduce(np.ones(4, ">f4")), "unsupported dtype")  # byte-swapped
     expect(lambda: comm.allreduce(ro, np.ones(4, np.float64)), "dtype")
     expect(lambda: comm.allreduce(x, algo="bogus"), "unknown algorithm", "ring")
     expect(lambda: comm.reduce_scatter(np.ones(size * 3 + 1, np.float32)), "multiple")
