@@ -112,6 +112,10 @@ bool Protocol::sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx)
   h->msg_seq = f.msg_seq;
   h->offset = f.offset;
   h->payload_len = f.len;
+  h->flags |= kFlagAck;  // piggybacked cumulative ack: spares the peer most ACK frames
+  h->ack = p.rcv_nxt;
+  p.piggy_nxt = p.rcv_nxt;
+  p.piggy_valid = true;
   h->tag = f.req->tag;
   h->msg_len = f.req->len;
   if (f.len) std::memcpy(b + kHdrLen, static_cast<const uint8_t*>(f.req->buf) + f.offset, f.len);
@@ -236,10 +240,8 @@ int Protocol::retransmitDue(Peer& p, int peer, uint64_t now, uint64_t older_than
   return sent;
 }
 
-void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
-  stats_.acks_rx++;
-  uint64_t now = nowNs();
-  uint32_t cum = h.seq;
+// Everything below `cum` is acknowledged (from an ACK, or piggybacked on DATA).
+void Protocol::advanceCumulative(Peer& p, uint32_t cum, uint64_t now) {
   if (seqLt(p.snd_una, cum) && !seqLt(p.snd_nxt, cum)) {
     for (uint32_t s = p.snd_una; s != cum; s++) {
       InFlight& f = p.ring[s % cfg_.window];
@@ -252,6 +254,13 @@ void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl)
     p.backoff = 0;
   }
   if (p.snd_una == p.snd_nxt) p.last_progress_ns = now;
+}
+
+void Protocol::onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
+  stats_.acks_rx++;
+  uint64_t now = nowNs();
+  uint32_t cum = h.seq;
+  advanceCumulative(p, cum, now);
   uint64_t sack[kSackBits / 64] = {0, 0, 0, 0};
   if (pl.total >= sizeof sack) pl.copyTo(reinterpret_cast<uint8_t*>(sack), sizeof sack);
   bool any_sack = false;
@@ -409,6 +418,7 @@ void Protocol::onFrame(const WireHdr& h, const PayloadView& pl) {
   switch (static_cast<PktType>(h.type)) {
     case PktType::kData:
       p.data_seen = true;
+      if (!p.failed && (h.flags & kFlagAck)) advanceCumulative(p, h.ack, p.last_heard_ns);
       if (!p.failed) onData(p, peer, h, pl);
       break;
     case PktType::kAck:
@@ -489,7 +499,10 @@ bool Protocol::tick() {
       if (m.next_off == m.req->len) p.sendq.pop_front();
       moved_ = true;
     }
-    // 3. Acknowledgements owed.
+    // 3. Acknowledgements owed, unless data sent this tick carried the same
+    // cumulative ack and there is nothing selective to report.
+    if (p.ack_due && !p.ack_now && p.piggy_valid && p.piggy_nxt == p.rcv_nxt) p.ack_due = false;
+    p.piggy_valid = false;
     if (p.ack_due) sendAck(p, peer, 0);
   }
   bool m = moved_;

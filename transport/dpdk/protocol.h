@@ -167,6 +167,8 @@ class Protocol {
     std::map<uint32_t, Staged> staged;
     size_t staged_bytes = 0;
     bool ack_due = false, ack_now = false, want_retx = false;
+    bool piggy_valid = false;         // a DATA frame sent since the last tick carried ...
+    uint32_t piggy_nxt = 0;           // ... this cumulative ack
     uint64_t last_heard_ns = 0;
     bool data_seen = false;
   };
@@ -175,6 +177,7 @@ class Protocol {
   void sendAck(Peer& p, int peer, uint8_t flags);
   void onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
   void onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
+  void advanceCumulative(Peer& p, uint32_t cum, uint64_t now);
   void placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl, bool* accepted);
   void checkRecvHeader(Peer& p, int peer, RecvSlot& s, uint64_t tag, uint64_t len);
   void finishRecvs(Peer& p);

@@ -33,6 +33,7 @@ enum : uint8_t {
   kFlagHeard = 4,  // HELLO: the sender has already heard a HELLO from us
   kFlagReply = 8,  // HELLO: an answer (never answered itself)
   kFlagWant = 16,  // ACK: retransmit unacknowledged data now (receiver has room again)
+  kFlagAck = 32,   // DATA: `ack` carries the sender's cumulative acknowledgement (piggyback)
 };
 
 #pragma pack(push, 1)
@@ -50,7 +51,7 @@ struct WireHdr {
   uint32_t msg_seq;    // DATA: message number within the flow
   uint64_t offset;     // DATA: byte offset of this payload within the message
   uint32_t payload_len;
-  uint32_t reserved1;
+  uint32_t ack;        // DATA with kFlagAck: cumulative ack (next expected), as an ACK's seq
   uint64_t tag;        // DATA: message tag; HELLO: auth token hash
   uint64_t msg_len;    // DATA: total message length
 };
