@@ -96,22 +96,31 @@ void Protocol::irecv(int peer, Request* r) {
 }
 
 // ---------------------------------------------------------------- sending
-bool Protocol::sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx) {
-  uint8_t* b = io_->begin(peer, f.len);
-  if (!b) return false;
+// Space for a frame to `peer` with the common header fields filled in
+// (nullptr when no buffer is free right now); the caller adds the rest and commits.
+WireHdr* Protocol::startFrame(int peer, PktType type, uint8_t flags, size_t payload) {
+  uint8_t* b = io_->begin(peer, payload);
+  if (!b) return nullptr;
   WireHdr* h = reinterpret_cast<WireHdr*>(b);
   std::memset(h, 0, sizeof *h);
   h->magic = kMagic;
   h->version = kVersion;
-  h->type = static_cast<uint8_t>(PktType::kData);
-  h->flags = f.flags;
+  h->type = static_cast<uint8_t>(type);
+  h->flags = flags;
   h->comm_id = comm_id_;
   h->src_rank = rank_;
   h->dst_rank = peer;
+  h->payload_len = static_cast<uint32_t>(payload);
+  return h;
+}
+
+bool Protocol::sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx) {
+  WireHdr* h = startFrame(peer, PktType::kData, f.flags, f.len);
+  if (!h) return false;
+  uint8_t* b = reinterpret_cast<uint8_t*>(h);
   h->seq = seq;
   h->msg_seq = f.msg_seq;
   h->offset = f.offset;
-  h->payload_len = f.len;
   h->flags |= kFlagAck;  // piggybacked cumulative ack: spares the peer most ACK frames
   h->ack = p.rcv_nxt;
   p.piggy_nxt = p.rcv_nxt;
@@ -131,20 +140,10 @@ bool Protocol::sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx)
 }
 
 void Protocol::sendAck(Peer& p, int peer, uint8_t flags) {
-  uint8_t* b = io_->begin(peer, sizeof p.rcv_sack);
-  if (!b) return;  // retried on the next tick (ack_due stays set)
-  WireHdr* h = reinterpret_cast<WireHdr*>(b);
-  std::memset(h, 0, sizeof *h);
-  h->magic = kMagic;
-  h->version = kVersion;
-  h->type = static_cast<uint8_t>(PktType::kAck);
-  h->flags = flags;
-  h->comm_id = comm_id_;
-  h->src_rank = rank_;
-  h->dst_rank = peer;
+  WireHdr* h = startFrame(peer, PktType::kAck, flags, sizeof p.rcv_sack);
+  if (!h) return;  // retried on the next tick (ack_due stays set)
   h->seq = p.rcv_nxt;
-  h->payload_len = sizeof p.rcv_sack;
-  std::memcpy(b + kHdrLen, p.rcv_sack, sizeof p.rcv_sack);
+  std::memcpy(reinterpret_cast<uint8_t*>(h) + kHdrLen, p.rcv_sack, sizeof p.rcv_sack);
   io_->commit(peer, sizeof p.rcv_sack);
   p.ack_due = p.ack_now = false;
   stats_.acks_tx++;
@@ -155,19 +154,10 @@ void Protocol::broadcastControl(PktType type, const std::string& text) {
     Peer& p = peers_[peer];
     size_t n = std::min<size_t>(text.size(), std::min<uint32_t>(p.max_payload, 1000));
     for (int copy = 0; copy < 3; copy++) {  // unreliable: send a few copies
-      uint8_t* b = io_->begin(peer, n);
-      if (!b) break;
-      WireHdr* h = reinterpret_cast<WireHdr*>(b);
-      std::memset(h, 0, sizeof *h);
-      h->magic = kMagic;
-      h->version = kVersion;
-      h->type = static_cast<uint8_t>(type);
-      h->comm_id = comm_id_;
-      h->src_rank = rank_;
-      h->dst_rank = peer;
+      WireHdr* h = startFrame(peer, type, 0, n);
+      if (!h) break;
       h->seq = p.rcv_nxt;  // BYE doubles as a final cumulative ack
-      h->payload_len = n;
-      std::memcpy(b + kHdrLen, text.data(), n);
+      std::memcpy(reinterpret_cast<uint8_t*>(h) + kHdrLen, text.data(), n);
       io_->commit(peer, n);
     }
   }
@@ -178,35 +168,15 @@ void Protocol::sendHello(int peer, uint64_t auth, uint8_t flags) {
   // through (an MTU the path cannot carry), the handshake fails and says so
   // instead of the first large message stalling.
   uint32_t pad = peers_[peer].max_payload;
-  uint8_t* b = io_->begin(peer, pad);
-  if (!b) return;
-  WireHdr* h = reinterpret_cast<WireHdr*>(b);
-  std::memset(h, 0, sizeof *h);
-  h->magic = kMagic;
-  h->version = kVersion;
-  h->type = static_cast<uint8_t>(PktType::kHello);
-  h->flags = flags;
-  h->comm_id = comm_id_;
-  h->src_rank = rank_;
-  h->dst_rank = peer;
+  WireHdr* h = startFrame(peer, PktType::kHello, flags, pad);
+  if (!h) return;
   h->tag = auth;
-  h->payload_len = pad;
-  std::memset(b + kHdrLen, 0, pad);
+  std::memset(reinterpret_cast<uint8_t*>(h) + kHdrLen, 0, pad);
   io_->commit(peer, pad);
 }
 
 void Protocol::sendPing(int peer) {
-  uint8_t* b = io_->begin(peer, 0);
-  if (!b) return;
-  WireHdr* h = reinterpret_cast<WireHdr*>(b);
-  std::memset(h, 0, sizeof *h);
-  h->magic = kMagic;
-  h->version = kVersion;
-  h->type = static_cast<uint8_t>(PktType::kPing);
-  h->comm_id = comm_id_;
-  h->src_rank = rank_;
-  h->dst_rank = peer;
-  io_->commit(peer, 0);
+  if (startFrame(peer, PktType::kPing, 0, 0)) io_->commit(peer, 0);
 }
 
 void Protocol::ackedEntry(Peer& p, InFlight& f, uint64_t now, bool sample_rtt) {

@@ -173,6 +173,7 @@ class Protocol {
     bool data_seen = false;
   };
 
+  WireHdr* startFrame(int peer, PktType type, uint8_t flags, size_t payload);
   bool sendData(Peer& p, int peer, uint32_t seq, InFlight& f, bool retx);
   void sendAck(Peer& p, int peer, uint8_t flags);
   void onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
