@@ -36,7 +36,13 @@ void allreduceRing(Context& ctx) {
   auto segLen = [&](int c, size_t j) { return std::min(seg, chunks.size(c) - j * seg); };
   auto mod = [p](int x) { return ((x % p) + p) % p; };
   const int right = mod(r + 1), left = mod(r - 1);
-  char* tmp = static_cast<char*>(ctx.scratch(chunks.size(0) * es));
+  // Incoming reduce-scatter segments land in a small ring of segment buffers
+  // (not a chunk-sized scratch) that stays in cache: a receive is posted kWindow
+  // segments ahead of the reduction that consumes it.
+  constexpr size_t kWindow = 4;
+  const size_t slots = std::min<size_t>(kWindow, std::max<size_t>(1, nseg(0)));
+  char* tmp = static_cast<char*>(ctx.scratch(slots * seg * es));
+  auto slot = [&](size_t j) { return tmp + (j % slots) * seg * es; };
 
   std::vector<Request*> sends, recvs;
   // Reduce-scatter step 0 sends this rank's own chunk straight from the input.
@@ -46,11 +52,14 @@ void allreduceRing(Context& ctx) {
   for (int s = 0; s < p - 1; ++s) {
     const int c = mod(r - s - 1);
     recvs.clear();
-    for (size_t j = 0; j < nseg(c); ++j) recvs.push_back(ctx.irecv(left, tmp + j * seg * es, segLen(c, j) * es));
-    for (size_t j = 0; j < nseg(c); ++j) {
+    const size_t n = nseg(c);
+    for (size_t j = 0; j < std::min(n, slots); ++j) recvs.push_back(ctx.irecv(left, slot(j), segLen(c, j) * es));
+    for (size_t j = 0; j < n; ++j) {
       ctx.wait(recvs[j]);
       const size_t off = (chunks.offset(c) + j * seg) * es;
-      reduce(out + off, in + off, tmp + j * seg * es, segLen(c, j), a.dtype, a.op);
+      reduce(out + off, in + off, slot(j), segLen(c, j), a.dtype, a.op);
+      // Slot j % slots is free again: post the receive kWindow segments ahead.
+      if (j + slots < n) recvs.push_back(ctx.irecv(left, slot(j + slots), segLen(c, j + slots) * es));
       // Forward at once: next reduce-scatter step, or allgather step 0 after the last.
       sends.push_back(ctx.isend(right, out + off, segLen(c, j) * es));
     }
