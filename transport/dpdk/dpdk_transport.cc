@@ -296,6 +296,7 @@ transport::Pair* DpdkTransport::pair(int peer) {
 
 void DpdkTransport::isend(int peer, Request* r) {
   std::lock_guard<std::mutex> g(mu_);
+  last_progress_ns_.store(Protocol::nowNs(), std::memory_order_relaxed);
   proto_->isend(peer, r);
   proto_->tick();  // start transmitting now: latency
   flushTx();
@@ -485,12 +486,21 @@ bool DpdkTransport::progressLocked() {
   return moved;
 }
 
+// Every 1 ms while data is unacknowledged or an application thread called in
+// during the last 100 ms (it may leave unacknowledged data behind, whose acks
+// should be taken promptly: they also time the retransmission clock); every
+// 20 ms otherwise, so a long-idle communicator costs 50 wake-ups a second.
 void DpdkTransport::keeperLoop() {
   std::unique_lock<std::mutex> k(keeper_mu_);
-  while (!keeper_cv_.wait_for(k, std::chrono::milliseconds(1), [&] { return keeper_stop_; })) {
-    if (Protocol::nowNs() - last_progress_ns_.load(std::memory_order_relaxed) < 1'000'000) continue;
+  auto period = std::chrono::milliseconds(1);
+  while (!keeper_cv_.wait_for(k, period, [&] { return keeper_stop_; })) {
+    const uint64_t quiet = Protocol::nowNs() - last_progress_ns_.load(std::memory_order_relaxed);
+    period = std::chrono::milliseconds(quiet < 100'000'000 ? 1 : 20);
+    if (quiet < 1'000'000) continue;
     std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
-    if (!g.owns_lock() || aborted_ || !proto_->hasUnackedSends()) continue;
+    if (!g.owns_lock() || aborted_) continue;
+    if (!proto_->hasUnackedSends()) continue;
+    period = std::chrono::milliseconds(1);
     progressLocked();
   }
 }
