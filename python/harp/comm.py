@@ -9,6 +9,9 @@ reduce at the root) or a new array is returned (allgather, gather, ...).
 
 ``async_op=True`` returns a :class:`Work`; its ``wait()`` returns the output.
 Collectives complete in issue order. The GIL is released while HARP works.
+Blocking allreduce/broadcast on plain C-contiguous numpy arrays are checked
+and started in C (``_harp.run_arrays``, about 1 us per call); every other
+call takes the general path below, which also words the errors.
 
 Threading: a Communicator may be shared between threads, but all ranks must
 issue collectives in the same order, so order your threads' calls yourself.
