@@ -153,13 +153,8 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
         """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
-        if dtype is None and not async_op and timeout is None:  # the fast path of _fast(), inlined
-            try:
-                code = OP_CODES.get(op)
-            except TypeError:
-                code = None
-            if code is not None and _run_arrays(self._c, 0, sendbuf, recvbuf, code, 0, algo):
-                return recvbuf if recvbuf is not None else sendbuf
+        if self._fast(Coll.allreduce, sendbuf, recvbuf, op, 0, dtype, async_op, algo, timeout):
+            return recvbuf if recvbuf is not None else sendbuf
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt = dtype_of(send, dtype)
         out = send if recvbuf is None else self._out(recvbuf, send, send.size, "allreduce")
@@ -169,8 +164,8 @@ class Communicator:
 
     def broadcast(self, buf, root: int = 0, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Copy root's buf to every rank's buf (in place)."""
-        if type(root) is int and 0 <= root < self.size and self._fast(1, buf, None, 0, root, dtype, async_op, algo,
-                                                                         timeout):
+        if type(root) is int and 0 <= root < self.size and self._fast(Coll.broadcast, buf, None, 0, root, dtype,
+                                                                         async_op, algo, timeout):
             return buf
         root = self._check_root(root)
         arr = as_array(buf, "broadcast: buf", writable=True)
