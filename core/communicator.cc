@@ -342,7 +342,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
   const size_t bytes = bytesOf(a);
   const size_t slot = static_cast<size_t>(a.coll);
   const bool memo = a.opts.algo.empty() && slot < std::size(algo_memo_);
-  if (memo && algo_memo_[slot].valid && algo_memo_[slot].bytes == bytes) return algo_memo_[slot].algo;
+  if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == bytes) return algo_memo_[slot].algo;
   const std::string name = chooseAlgorithm(a);
   const Algorithm* algo = findAlgorithm(a.coll, name);
   if (logLevel() >= LogLevel::kInfo) {
@@ -352,7 +352,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
       HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks)", collName(a.coll), name.c_str(), bytes, size_);
     }
   }
-  if (memo) algo_memo_[slot] = {true, bytes, algo};
+  if (memo) algo_memo_[slot] = {bytes, algo};
   return algo;
 }
 

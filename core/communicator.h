@@ -187,9 +187,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // training loop's repeated calls skip the table walk. Touched by the
   // executing thread only (under exec_mu_).
   struct AlgoMemo {
-    bool valid = false;
     size_t bytes = 0;
-    const struct Algorithm* algo = nullptr;
+    const struct Algorithm* algo = nullptr;  // nullptr: nothing memoised yet
   };
   AlgoMemo algo_memo_[32];
   const struct Algorithm* algorithmFor(const CollArgs& a);
