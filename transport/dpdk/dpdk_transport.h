@@ -84,8 +84,8 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   std::mutex mu_;
   // Small sends complete before they are acknowledged (Protocol::EagerSend), so
   // their retransmission must not wait for the application to call in again:
-  // while nobody drives progress, the keeper thread does, every millisecond,
-  // as long as unacknowledged data is out.
+  // while nobody drives progress and unacknowledged data is out, the keeper
+  // thread does (its periods: keeperLoop()).
   std::thread keeper_;
   std::mutex keeper_mu_;
   std::condition_variable keeper_cv_;
