@@ -15,6 +15,22 @@ import sys
 
 import cffi
 
+# What harp.dpdk reads of a port; declared once, for cffi's cdef and the C source alike.
+PORT_INFO = """
+struct harp_port_info {
+    char driver[64];
+    uint16_t mtu;
+    uint16_t max_mtu;
+    uint32_t max_rx_pktlen;
+    uint8_t mac[6];
+    int link_up;
+    uint32_t link_speed;      /* Mbit/s */
+    int link_full_duplex;
+    int started;
+    uint64_t ipackets, opackets, ibytes, obytes, imissed, ierrors, oerrors, rx_nombuf;
+};
+"""
+
 CDEF = """
 const char *rte_version(void);
 int rte_eal_init(int argc, char **argv);
@@ -29,18 +45,7 @@ int rte_eth_dev_is_valid_port(uint16_t port_id);
 int rte_eth_dev_get_port_by_name(const char *name, uint16_t *port_id);
 int rte_eth_dev_get_name_by_port(uint16_t port_id, char *name);
 
-struct harp_port_info {
-    char driver[64];
-    uint16_t mtu;
-    uint16_t max_mtu;
-    uint32_t max_rx_pktlen;
-    uint8_t mac[6];
-    int link_up;
-    uint32_t link_speed;      /* Mbit/s */
-    int link_full_duplex;
-    int started;
-    uint64_t ipackets, opackets, ibytes, obytes, imissed, ierrors, oerrors, rx_nombuf;
-};
+""" + PORT_INFO + """
 int harp_port_info(uint16_t port, struct harp_port_info *out);
 int harp_port_start(uint16_t port, unsigned nb_mbufs);
 int harp_port_rx_drain(uint16_t port, unsigned max);
@@ -58,18 +63,7 @@ SOURCE = r"""
 
 static int harp_rte_errno(void) { return rte_errno; }   /* per-lcore TLS macro */
 
-struct harp_port_info {
-    char driver[64];
-    uint16_t mtu;
-    uint16_t max_mtu;
-    uint32_t max_rx_pktlen;
-    uint8_t mac[6];
-    int link_up;
-    uint32_t link_speed;
-    int link_full_duplex;
-    int started;
-    uint64_t ipackets, opackets, ibytes, obytes, imissed, ierrors, oerrors, rx_nombuf;
-};
+""" + PORT_INFO + r"""
 
 static struct rte_mempool *harp_pools[RTE_MAX_ETHPORTS];
 
