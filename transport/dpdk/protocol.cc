@@ -482,7 +482,7 @@ bool Protocol::tick() {
 
 bool Protocol::peerBusy(int peer) const {
   const Peer& p = peers_[peer];
-  if (p.snd_una != p.snd_nxt || !p.sendq.empty()) return true;
+  if (p.sending()) return true;
   for (const auto& s : p.recvq)
     if (!s.done) return true;
   return false;
@@ -491,7 +491,7 @@ bool Protocol::peerBusy(int peer) const {
 bool Protocol::hasUnackedSends() const {
   for (int peer : active_) {
     const Peer& p = peers_[peer];
-    if (!p.failed && (p.snd_una != p.snd_nxt || !p.sendq.empty())) return true;
+    if (!p.failed && p.sending()) return true;
   }
   return false;
 }

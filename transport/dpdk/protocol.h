@@ -145,6 +145,8 @@ class Protocol {
     std::vector<uint8_t> bytes;
   };
   struct Peer {
+    // Data queued or in flight (not yet acknowledged) towards this peer.
+    bool sending() const { return snd_una != snd_nxt || !sendq.empty(); }
     uint32_t max_payload = 1400;
     std::deque<std::unique_ptr<EagerSend>> eager;       // in send order
     std::vector<std::unique_ptr<EagerSend>> eager_free;
