@@ -92,6 +92,43 @@ def test_exact_results_under_injected_faults(spec):
     assert all(res), res
 
 
+def _sender_closes_first(rank, size):
+    import time
+    comm = harp.init()
+    small, big = np.arange(1000, dtype=np.float64), np.arange(300_000, dtype=np.float64)
+    if rank == 0:
+        comm.send(small, peer=1)
+        comm.send(big, peer=1)
+        comm.destroy()  # goodbye once both are acknowledged (staged at rank 1)
+        return "sent"
+    if rank == 2:
+        time.sleep(2)
+        comm.send(np.ones(4), peer=1)
+        comm.destroy()
+        return "sent"
+    # Rank 1 keeps its transport busy with rank 2 meanwhile, so it takes in rank 0's
+    # messages (staged: no receive posted yet) and then rank 0's goodbye.
+    comm.recv(np.zeros(4), peer=2)
+    got_small, got_big = np.zeros_like(small), np.zeros_like(big)
+    comm.recv(got_small, peer=0)
+    comm.recv(got_big, peer=0)
+    ok = bool(np.array_equal(got_small, small) and np.array_equal(got_big, big))
+    try:
+        comm.recv(np.zeros(4), peer=0)  # never sent: fails at once, naming the goodbye
+        more = "no error"
+    except harp.HarpError as e:
+        more = str(e)
+    comm.destroy()
+    return ok, more
+
+
+def test_messages_from_a_peer_that_closed_stay_deliverable():
+    res = run_ranks(3, _sender_closes_first, env=MEMIF, timeout=120)
+    ok, more = res[1]
+    assert ok, res
+    assert "closed its communicator" in more, more
+
+
 def _eager_sender_goes_idle(rank, size):
     import time
     comm = harp.init()

@@ -419,7 +419,8 @@ void DpdkTransport::handleControls() {
       case PktType::kBye:
         pl.acked = true;
         if (!proto_->peerFailed(c.peer))
-          proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " closed its communicator (connection closed)");
+          proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " closed its communicator (connection closed)",
+                           /*keep_arrived=*/true);
         break;
       default:
         break;

@@ -68,8 +68,8 @@ void Protocol::isend(int peer, Request* r) {
 
 void Protocol::irecv(int peer, Request* r) {
   Peer& p = peers_[peer];
-  if (p.failed) return r->fail(Request::kPeerFailure, p.fail_why);
   uint32_t m = p.recv_base + static_cast<uint32_t>(p.recvq.size());
+  if (p.failed && !p.staged.count(m)) return r->fail(Request::kPeerFailure, p.fail_why);
   p.recvq.push_back(RecvSlot{r});
   RecvSlot& s = p.recvq.back();
   auto it = p.staged.find(m);
@@ -88,7 +88,7 @@ void Protocol::irecv(int peer, Request* r) {
     }
     finishRecvs(p);
   }
-  if (p.want_retx) {  // we dropped data for lack of a posted buffer: ask for it now
+  if (p.want_retx && !p.failed) {  // we dropped data for lack of a posted buffer: ask for it now
     p.want_retx = false;
     sendAck(p, peer, kFlagWant);
   }
@@ -502,7 +502,7 @@ bool Protocol::hasPending() const {
   return false;
 }
 
-void Protocol::failPeer(int peer, const std::string& why) {
+void Protocol::failPeer(int peer, const std::string& why, bool keep_arrived) {
   Peer& p = peers_[peer];
   if (!p.failed) {
     p.failed = true;
@@ -520,9 +520,12 @@ void Protocol::failPeer(int peer, const std::string& why) {
       s.done = true;
       s.req->fail(Request::kPeerFailure, p.fail_why);
     }
+  p.recv_base += static_cast<uint32_t>(p.recvq.size());  // staged messages keep their numbers
   p.recvq.clear();
-  p.staged.clear();
-  p.staged_bytes = 0;
+  if (!keep_arrived) {
+    p.staged.clear();
+    p.staged_bytes = 0;
+  }
   p.snd_una = p.snd_nxt;
   moved_ = true;
 }

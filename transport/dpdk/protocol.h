@@ -78,8 +78,10 @@ class Protocol {
   bool hasUnackedSends() const;  // data queued or in flight to any peer
   bool moved() { bool m = moved_; moved_ = false; return m; }
 
-  // Fail every request of `peer` and refuse later ones.
-  void failPeer(int peer, const std::string& why);
+  // Fail every request of `peer` and refuse later ones. keep_arrived (the peer
+  // closed cleanly): messages it sent that wait staged for their receive stay
+  // deliverable to receives posted later.
+  void failPeer(int peer, const std::string& why, bool keep_arrived = false);
   bool peerFailed(int peer) const { return peers_[peer].failed; }
   // Send `type` (ABORT/BYE) frames carrying `text` to every peer (best effort).
   void broadcastControl(PktType type, const std::string& text);
