@@ -192,6 +192,7 @@ class VerbsPair : public Pair {
   void sendRtr(uint64_t seq, RecvEntry& e);
   void onMismatchNotice(const Ctrl& c);
   void onBye();
+  void failQueued(const std::string& why, bool keep_arrived);
   void protocolError(const std::string& what);
 
   VerbsTransport* t_;

@@ -466,8 +466,15 @@ void VerbsPair::onRecvCompletion(const ibv_wc& wc) {
 void VerbsPair::onBye() {
   peer_closed_ = true;
   fail_reason_ = who() + " has closed its communicator";
+  failQueued(fail_reason_, true);
+}
+
+// Fail the requests that are still only queued here (sends not on the wire or
+// waiting for the peer's RTR, posted receives) and drop the protocol queues;
+// keep_arrived keeps eager messages already in our ring deliverable.
+void VerbsPair::failQueued(const std::string& why, bool keep_arrived) {
   auto failReq = [&](Request* r) {
-    if (r && !r->done()) r->fail(Request::kPeerFailure, fail_reason_);
+    if (r && !r->done()) r->fail(Request::kPeerFailure, why);
   };
   for (Request* r : sendq_) failReq(r);
   for (auto& [seq, r] : waiting_rtr_) failReq(r);
@@ -479,6 +486,7 @@ void VerbsPair::onBye() {
   waiting_rtr_.clear();
   early_rtrs_.clear();
   recvs_.clear();
+  if (!keep_arrived) unexpected_eager_.clear();
   early_rts_.clear();
   ctrl_out_.clear();
 }
@@ -558,11 +566,10 @@ void VerbsPair::fail(const std::string& why, bool keep_arrived) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   ibv_modify_qp(qp_, &a, IBV_QP_STATE);
+  // Posted work requests first (their buffers are released), then the queues.
   auto failReq = [&](Request* r) {
     if (r && !r->done()) r->fail(Request::kPeerFailure, why);
   };
-  for (Request* r : sendq_) failReq(r);
-  for (auto& [seq, r] : waiting_rtr_) failReq(r);
   for (auto& op : ops_) {
     failReq(op->req);
     op->req = nullptr;
@@ -573,17 +580,7 @@ void VerbsPair::fail(const std::string& why, bool keep_arrived) {
     failReq(r);
     r = nullptr;
   }
-  for (auto& [seq, e] : recvs_) {
-    failReq(e.req);
-    if (e.mr) t_->mrs_->invalidate(e.mr);
-  }
-  sendq_.clear();
-  waiting_rtr_.clear();
-  early_rtrs_.clear();
-  recvs_.clear();
-  if (!keep_arrived) unexpected_eager_.clear();
-  early_rts_.clear();
-  ctrl_out_.clear();
+  failQueued(why, keep_arrived);
   HARP_INFO("verbs: pair to %s failed: %s", who().c_str(), why.c_str());
 }
 
