@@ -108,8 +108,13 @@ void Link::restart() {
   rte_eth_dev_start(port);
 }
 
+// memif: the PMD unmaps a peer's shared regions when its control socket closes
+// (the peer died), on DPDK's interrupt thread, while a burst of ours may be
+// reading or writing them. Checking the link first keeps bursts away from a
+// link already marked down; it narrows that window but cannot close it (the
+// PMD clears its connected flag only just before unmapping).
 int Link::rx(rte_mbuf** pkts, int n) {
-  if (loopback()) return 0;
+  if (loopback() || (is_memif && !up())) return 0;
   return rte_eth_rx_burst(port, 0, pkts, n);
 }
 
@@ -126,7 +131,7 @@ int Link::tx(rte_mbuf** pkts, int n) {
     if (nw == 64 || i == n - 1) {
       std::lock_guard<std::mutex> g(tx_mu);
       int sent = 0;
-      for (int attempt = 0; attempt < 4 && sent < nw; attempt++) {
+      for (int attempt = 0; attempt < 4 && sent < nw && !(is_memif && !up()); attempt++) {  // see rx()
         sent += rte_eth_tx_burst(port, 0, wire + sent, nw - sent);
         if (sent < nw) sched_yield();
       }
