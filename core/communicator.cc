@@ -4,7 +4,6 @@
 #include <cstring>
 #include <numeric>
 
-#include <sched.h>
 #include <sstream>
 
 #include "core/algorithms/registry.h"
@@ -105,15 +104,6 @@ void Work::finish(std::exception_ptr e) {
 // ---------------------------------------------------------------------------
 // Creation
 
-namespace {
-// Cores this process may run on (its affinity mask, as taskset/cgroups set it).
-int availableCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return 1;
-}
-}  // namespace
-
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = opts_.timeout_s > 0 ? opts_.timeout_s : env::real("HARP_TIMEOUT", 300.0);
@@ -190,7 +180,7 @@ void Communicator::connectAll() {
   if (!env::has("HARP_SPIN")) {
     int local = 0;
     for (const auto& p : peers_) local += p.host_id == peers_[rank_].host_id;
-    if (local > availableCpus()) spin_ = 16;
+    if (local > env::availableCpus()) spin_ = 16;
   }
   HARP_INFO("comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, spin_);
 

@@ -1,5 +1,8 @@
 #include "core/env.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 
@@ -52,6 +55,12 @@ size_t parseBytes(const std::string& v, const char* what) {
 size_t bytes(const char* name, size_t def) {
   std::string v = str(name);
   return v.empty() ? def : parseBytes(v, name);
+}
+
+int availableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
 }
 
 }  // namespace harp::env

@@ -1,4 +1,5 @@
-// core/env.h — typed access to HARP_* environment variables.
+// core/env.h — typed access to HARP_* environment variables, and the CPUs the
+// process may use.
 // Parsing errors throw harp::Error naming the variable and the bad value.
 #pragma once
 
@@ -13,5 +14,11 @@ double real(const char* name, double def);
 // Sizes accept K/M/G suffixes (powers of two): "512K", "4M".
 size_t bytes(const char* name, size_t def);
 size_t parseBytes(const std::string& s, const char* what);
+
+// Cores this process may run on: its affinity mask, as taskset, mpirun
+// --bind-to or cgroups set it (at least 1). Waits use it to decide how long
+// to spin: when a host's ranks outnumber these, a spinning rank holds the
+// core the rank it waits for needs.
+int availableCpus();
 
 }  // namespace harp::env

@@ -99,8 +99,9 @@ void allreduceShm(Context& ctx) {
   using F = transport::shm::CollFlags;
 
   // Quick inline poll before the general wait (which spins, yields, sleeps).
+  const int polls = t->inlinePolls();
   auto arrived = [&](auto&& cond) {
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < polls; ++i) {
       if (cond()) return true;
       transport::shm::cpuRelax();
     }

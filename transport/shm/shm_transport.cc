@@ -400,8 +400,9 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
   const long spin_ns = spin_ns_, yield_ns = yield_ns_;
   SegHeader* h = seg_.header();
   const auto t0 = Clock::now();
+  const int burst = std::min(16, inline_polls_);
   for (unsigned it = 1;; ++it) {
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < burst; ++i) {
       if (cond()) return;
       cpuRelax();
     }
@@ -411,10 +412,15 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       sched_yield();
       if ((it & 255) == 0) {
         checkSockets();
+        if (cond()) return;
         failIfBroken();
       }
       continue;
     }
+    // cond() again first: a peer that saw the condition complete may already
+    // have failed on what follows (a collective mismatch) and aborted; this
+    // rank must then see the condition too and report the same error itself.
+    if (cond()) return;
     failIfBroken();
     if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
     uint32_t d = h->doorbell.load(std::memory_order_acquire);

@@ -114,7 +114,12 @@ class ShmTransport : public Transport {
   void wakeRank(int rank);
   // Wake every peer that sleeps.
   void wakeAll();
-  // Wait until cond() holds: spin briefly, yield, then sleep on the doorbell.
+  // Polls of a flag worth making inline before calling waitFor(): 64 when
+  // every local rank has a core of its own, 1 when this host's ranks outnumber
+  // the cores this process may use (then the rank we wait for may need ours).
+  int inlinePolls() const { return inline_polls_; }
+  // Wait until cond() holds: spin briefly (not at all when ranks outnumber
+  // cores), yield, then sleep on the doorbell.
   // Checks aborts, peer death and stray messages meanwhile; throws harp::Error
   // (kPeerFailure, kMismatch, or kTimeout with the text timeout_msg() returns)
   // instead of hanging. `what` names the operation in error messages.
@@ -143,6 +148,7 @@ class ShmTransport : public Transport {
   std::vector<std::unique_ptr<ShmPair>> pairs_;  // by rank
   std::vector<ShmPair*> active_;                  // connected pairs
   long spin_ns_ = 0;    // waitFor: pause-polling time (HARP_SHM_SPIN_US)
+  int inline_polls_ = 64;  // see inlinePolls(); also waitFor's polls between clock reads
   long yield_ns_ = 0;   // wait/waitFor: sched_yield-polling time before sleeping (HARP_SHM_YIELD_US)
   uint64_t coll_step_ = 0;
   uint32_t poll_counter_ = 0;
