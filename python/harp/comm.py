@@ -28,6 +28,9 @@ from ._harp import run_arrays as _run_arrays
 from ._types import OP_CODES, Coll, DataType, ReduceOp, dtype_of, parse_op
 from .errors import InvalidArgumentError
 
+_ALLREDUCE = int(Coll.allreduce)
+_op_code = OP_CODES.get
+
 
 class Work:
     """Handle of an asynchronous collective."""
@@ -153,8 +156,14 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
         """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
-        if self._fast(Coll.allreduce, sendbuf, recvbuf, op, 0, dtype, async_op, algo, timeout):
-            return recvbuf if recvbuf is not None else sendbuf
+        # _fast() written out: the call is the whole cost of a small allreduce (0.47 -> 0.27 us).
+        if dtype is None and timeout is None and not async_op:
+            try:
+                code = _op_code(op)
+            except TypeError:  # unhashable op: let parse_op word the error
+                code = None
+            if code is not None and _run_arrays(self._c, _ALLREDUCE, sendbuf, recvbuf, code, 0, algo):
+                return recvbuf if recvbuf is not None else sendbuf
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt = dtype_of(send, dtype)
         out = send if recvbuf is None else self._out(recvbuf, send, send.size, "allreduce")
