@@ -134,7 +134,7 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     {
       py::gil_scoped_release nogil;
-      c.submit(std::move(a), false);
+      c.run(std::move(a));
     }
     Py_RETURN_TRUE;
   } catch (const Error& e) {
@@ -246,7 +246,7 @@ PYBIND11_MODULE(_harp, m) {
              CollArgs a = collArgs(coll, send, recv, count, dtype, op, root);
              a.opts.algo = algo;
              py::gil_scoped_release nogil;
-             c.submit(std::move(a), false);
+             c.run(std::move(a));
            })
       .def("submit",
            [](Communicator& c, int coll, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,

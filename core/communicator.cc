@@ -378,6 +378,20 @@ std::shared_ptr<Work> Communicator::submit(CollArgs args, bool async) {
   return w;
 }
 
+void Communicator::run(CollArgs args) {
+  {
+    std::unique_lock<std::mutex> ql(q_mu_);
+    if (in_flight_ != 0 || destroyed_) {  // behind queued work: wait like submit() does
+      ql.unlock();
+      submit(std::move(args), false);
+      return;
+    }
+  }
+  validate(args);
+  std::lock_guard<std::mutex> ex(exec_mu_);
+  runCollective(args);
+}
+
 void Communicator::workerLoop() {
   for (;;) {
     std::pair<CollArgs, std::shared_ptr<Work>> item;

@@ -116,6 +116,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string transportName(int peer) const;
   // Validate, then run now (async=false, idle communicator) or queue.
   std::shared_ptr<Work> submit(CollArgs args, bool async);
+  // Blocking submit without a Work object: errors are thrown from here. The
+  // per-call path of the bindings (no allocation, no condition variable).
+  void run(CollArgs args);
 
   // Convenience wrappers (blocking unless async).
   std::shared_ptr<Work> allreduce(const void* send, void* recv, size_t count, DataType dt, ReduceOp op,
