@@ -97,12 +97,14 @@ bool plainArray(PyObject* o, bool writable, void** data, size_t* count, int* dty
   return true;
 }
 
-// The fastest call path, for blocking allreduce/broadcast/reduce on numpy
-// arrays: _harp.run_arrays(comm, coll, send, recv, op, root, algo) checks the
-// arrays here instead of in Python and starts the collective. `recv` None
-// means in place; `algo` a name or None. Returns False, doing nothing, when the
-// arguments need the general path (not a plain C-contiguous ndarray of a HARP
-// dtype, or send/recv differing in dtype or size), which also words any error.
+// The fastest call path, for blocking collectives on numpy arrays:
+// _harp.run_arrays(comm, coll, send, recv, op, root, algo) checks the arrays
+// here instead of in Python and starts the collective. allreduce, broadcast,
+// reduce: `recv` None means in place. allgather, reduce_scatter, alltoall:
+// `recv` is required, its size N times, 1/N times, or equal to send's. `algo`
+// is a name or None. Returns False, doing nothing, when the arguments need the
+// general path (not a plain C-contiguous ndarray of a HARP dtype, or sizes or
+// dtypes that do not fit), which also words any error.
 // A raw METH_FASTCALL function, not a pybind11 one: pybind11's dispatcher cost
 // about as much as the whole 2-rank shared-memory allreduce (~0.8 us).
 PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -115,16 +117,46 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const long coll = PyLong_AsLong(args[1]), op = PyLong_AsLong(args[4]), root = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return nullptr;
     void *s = nullptr, *r = nullptr;
-    size_t ns = 0, nr = 0;
+    size_t ns = 0, nr = 0, count = 0;
     int ds = 0, dr = 0;
     const bool inPlace = args[3] == Py_None;
-    const bool needOut = coll != static_cast<int>(CollType::kReduce) || c.rank() == root;
-    bool ok = plainArray(args[2], inPlace && needOut, &s, &ns, &ds);
-    if (ok && inPlace) r = s;
-    else if (ok) ok = plainArray(args[3], true, &r, &nr, &dr) && nr == ns && dr == ds;
+    const size_t N = static_cast<size_t>(c.size());
+    bool ok;
+    switch (static_cast<CollType>(coll)) {
+      // recv is required; the sizes relate by the rank count (`count` as the
+      // general Python path passes it: elements per rank).
+      case CollType::kAllgather:  // recv: N blocks of send's size
+        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
+             dr == ds && nr == ns * N;
+        count = ns;
+        break;
+      case CollType::kReduceScatter:  // send: N blocks of recv's size
+        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
+             dr == ds && ns == nr * N;
+        count = nr;
+        break;
+      case CollType::kAlltoall:  // N equal blocks each way
+        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
+             dr == ds && nr == ns && ns % N == 0;
+        count = ns / N;
+        break;
+      case CollType::kAllreduce:
+      case CollType::kBroadcast:
+      case CollType::kReduce: {  // same size each way; recv None = in place
+        const bool needOut = coll != static_cast<int>(CollType::kReduce) || c.rank() == root;
+        ok = plainArray(args[2], inPlace && needOut, &s, &ns, &ds);
+        if (ok && inPlace) r = s, nr = ns;
+        else if (ok) ok = plainArray(args[3], true, &r, &nr, &dr) && nr == ns && dr == ds;
+        if (!needOut) r = nullptr;
+        count = ns;
+        break;
+      }
+      default:
+        ok = false;
+    }
     if (!ok) Py_RETURN_FALSE;
     CollArgs a = collArgs(static_cast<int>(coll), reinterpret_cast<uintptr_t>(ns ? s : nullptr),
-                          reinterpret_cast<uintptr_t>(ns && needOut ? r : nullptr), ns, ds, static_cast<int>(op),
+                          reinterpret_cast<uintptr_t>(nr ? r : nullptr), count, ds, static_cast<int>(op),
                           static_cast<int>(root));
     if (args[6] != Py_None) {
       Py_ssize_t len = 0;

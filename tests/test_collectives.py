@@ -145,3 +145,70 @@ def test_buffer_protocol_dlpack_and_dtype_override():
         if "dlpack" in out:
             assert out["dlpack"] == [6.0] * 4
             assert out["bf16"] == 6.0
+
+
+# ---------------------------------------------------------------------------- the C fast path
+def _fast_path(rank, size):
+    """allgather / reduce_scatter / alltoall / reduce on plain arrays take _harp.run_arrays
+    (checked in C); anything it declines goes the general way and gets the same results
+    or a worded error."""
+    from harp._harp import run_arrays
+    from harp._types import Coll
+
+    comm = harp.init()
+    c = comm._c
+    got = {}
+    x = (np.arange(5, dtype=np.float64) + 10 * rank)
+    # taken: right sizes and dtypes
+    out = np.empty(5 * size)
+    got["ag_taken"] = run_arrays(c, int(Coll.allgather), x, out, 0, 0, None)
+    got["ag_ok"] = np.array_equal(out, np.concatenate([np.arange(5) + 10 * r for r in range(size)]))
+    # declined: wrong recv size, wrong dtype, in place (recv None) for allgather
+    got["ag_declined"] = [run_arrays(c, int(Coll.allgather), x, np.empty(5 * size + 1), 0, 0, None),
+                          run_arrays(c, int(Coll.allgather), x, np.empty(5 * size, np.float32), 0, 0, None),
+                          run_arrays(c, int(Coll.allgather), x, None, 0, 0, None)]
+    # the API: recv allocated, shape (size, 5); a strided input goes the general way
+    got["ag_api"] = comm.allgather(x).shape == (size, 5)
+    strided = np.arange(10, dtype=np.float64)[::2] + 10 * rank
+    got["ag_strided"] = np.array_equal(comm.allgather(strided).ravel(),
+                                       np.concatenate([np.arange(0, 10, 2) + 10 * r for r in range(size)]))
+    try:
+        comm.allgather(x, np.empty(5 * size + 1))
+        got["ag_err"] = "no error"
+    except harp.HarpError as e:
+        got["ag_err"] = str(e)
+
+    rs_in = np.arange(3 * size, dtype=np.int32) * (rank + 1)
+    rs_out = np.empty(3, np.int32)
+    got["rs_taken"] = run_arrays(c, int(Coll.reduce_scatter), rs_in, rs_out, 0, 0, None)
+    tot = sum(range(1, size + 1))
+    got["rs_ok"] = np.array_equal(rs_out, np.arange(3 * size, dtype=np.int32)[3 * rank:3 * rank + 3] * tot)
+    got["rs_max"] = np.array_equal(comm.reduce_scatter(rs_in, op="max"),
+                                   np.arange(3 * size, dtype=np.int32)[3 * rank:3 * rank + 3] * size)
+    got["rs_declined"] = run_arrays(c, int(Coll.reduce_scatter), rs_in, np.empty(4, np.int32), 0, 0, None)
+
+    a2a = np.full(2 * size, rank, np.int64)
+    got["a2a_ok"] = np.array_equal(comm.alltoall(a2a), np.repeat(np.arange(size), 2))
+    got["a2a_declined"] = run_arrays(c, int(Coll.alltoall), np.ones(2 * size + 1), np.ones(2 * size + 1), 0, 0,
+                                     None) if size > 1 else False
+
+    root = size - 1
+    r_in = np.full(4, float(rank + 1))
+    res = comm.reduce(r_in, np.empty(4) if rank == root else None, op="prod", root=root)
+    got["reduce_ok"] = (res is None) if rank != root else bool(np.all(res == float(np.prod(range(1, size + 1)))))
+    comm.destroy()
+    return got
+
+
+@pytest.mark.parametrize("transport,nranks", [("tcp", 3), ("shm", 3), ("shm", 1)])
+def test_fast_path_for_gather_scatter_alltoall_reduce(transport, nranks):
+    res = run_ranks(nranks, _fast_path, env={"HARP_TRANSPORT": transport}, timeout=120)
+    for g in res:
+        assert g["ag_taken"] is True and g["ag_ok"], g
+        assert g["ag_declined"] == [False, False, False], g
+        assert g["ag_api"] and g["ag_strided"], g
+        assert "recvbuf has" in g["ag_err"], g
+        assert g["rs_taken"] is True and g["rs_ok"] and g["rs_max"], g
+        assert g["rs_declined"] is False, g
+        assert g["a2a_ok"] and g["a2a_declined"] is False, g
+        assert g["reduce_ok"], g

@@ -127,8 +127,9 @@ class Communicator:
         return result
 
     def _fast(self, coll, sendbuf, recvbuf, op, root, dtype, async_op, algo, timeout) -> bool:
-        """The common blocking call on plain numpy arrays, checked and run in C++ (about 1 us
-        instead of 10). False when the call needs the general path below."""
+        """The common blocking call on plain numpy arrays, checked and run in C++ (about 0.3 us
+        instead of 5-10). False when the call needs the general path below (which also words
+        any error)."""
         if dtype is not None or async_op or timeout is not None:
             return False
         try:
@@ -185,6 +186,9 @@ class Communicator:
     def reduce(self, sendbuf, recvbuf=None, op="sum", root: int = 0, *, dtype=None, async_op=False, algo=None,
                timeout=None):
         """Reduce to root. recvbuf (root only) defaults to sendbuf (in place at the root)."""
+        if type(root) is int and 0 <= root < self.size and self._fast(Coll.reduce, sendbuf, recvbuf, op, root, dtype,
+                                                                         async_op, algo, timeout):
+            return (recvbuf if recvbuf is not None else sendbuf) if self.rank == root else None
         root = self._check_root(root)
         is_root = self.rank == root
         send = as_array(sendbuf, "reduce: sendbuf", writable=is_root and recvbuf is None)
@@ -200,6 +204,11 @@ class Communicator:
     def allgather(self, sendbuf, recvbuf=None, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Concatenate every rank's sendbuf, in rank order. New array of shape (size, *sendbuf.shape)
         when recvbuf is None."""
+        out = recvbuf
+        if out is None and type(sendbuf) is np.ndarray:
+            out = np.empty((self.size,) + sendbuf.shape, sendbuf.dtype)
+        if self._fast(Coll.allgather, sendbuf, out, "sum", 0, dtype, async_op, algo, timeout):
+            return out
         send = as_array(sendbuf, "allgather: sendbuf")
         dt = dtype_of(send, dtype)
         out = self._out(recvbuf, send, send.size * self.size, "allgather", shape=(self.size,) + send.shape)
@@ -209,6 +218,11 @@ class Communicator:
     def reduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None,
                        timeout=None):
         """Reduce sendbuf (size × n elements) across ranks; rank r gets block r (n elements)."""
+        out = recvbuf
+        if out is None and type(sendbuf) is np.ndarray and sendbuf.size % self.size == 0:
+            out = np.empty(sendbuf.size // self.size, sendbuf.dtype)
+        if self._fast(Coll.reduce_scatter, sendbuf, out, op, 0, dtype, async_op, algo, timeout):
+            return out
         send = as_array(sendbuf, "reduce_scatter: sendbuf")
         dt = dtype_of(send, dtype)
         if send.size % self.size:
@@ -222,6 +236,11 @@ class Communicator:
 
     def alltoall(self, sendbuf, recvbuf=None, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Block q of sendbuf goes to rank q; block q of recvbuf comes from rank q (equal blocks)."""
+        out = recvbuf
+        if out is None and type(sendbuf) is np.ndarray:
+            out = np.empty(sendbuf.shape, sendbuf.dtype)
+        if self._fast(Coll.alltoall, sendbuf, out, "sum", 0, dtype, async_op, algo, timeout):
+            return out
         send = as_array(sendbuf, "alltoall: sendbuf")
         dt = dtype_of(send, dtype)
         if send.size % self.size:
