@@ -9,9 +9,12 @@ bootstrap address rank 0 broadcasts; transport chosen automatically = shm) and
 gloo (torch.distributed, TCP on loopback). For each size the libraries take
 turns, batch by batch (order rotated every repetition), and the reported time
 is the median batch, so load that comes and goes on a shared machine hits all
-three alike. Allreduce, float32, sum, in place (the form all three support).
+three alike. Float32, sum. --coll allreduce (default; in place, the form all
+three support), allgather (size = the output), reduce_scatter (size = the
+input), broadcast (root 0, in place).
 Time per call = the slowest rank's batch time / iterations; busbw = size/time x
-2(N-1)/N (nccl-tests). A STREAM-like copy (numpy copyto of 256 MB arrays, all
+2(N-1)/N for allreduce, (N-1)/N for allgather and reduce_scatter, 1 for
+broadcast (nccl-tests). A STREAM-like copy (numpy copyto of 256 MB arrays, all
 ranks at once; bytes read + written) is measured in the same run, before and
 after the sweep, as the memory-bandwidth reference. Results are checked once
 per size and library against the exact sum.
@@ -56,6 +59,64 @@ def stream_copy(comm, mb=256, reps=5):
     return comm.allreduce(mine), comm.allreduce(small)
 
 
+def _inputs(count, rank, fill):
+    return ((np.arange(count) % 13) + rank).astype(np.float32) if fill else np.zeros(count, np.float32)
+
+
+def c_allreduce(lib, h, count, rank, n, fill=False):
+    x = _inputs(count, rank, fill)
+    exp = ((np.arange(count) % 13) * n + n * (n - 1) / 2).astype(np.float32)
+    if lib == "harp":
+        return (lambda: h.allreduce(x)), exp
+    if lib == "mpi":
+        return (lambda: (h.Allreduce(MPI.IN_PLACE, x), x)[1]), exp
+    dist, torch = h
+    t = torch.from_numpy(x)
+    return (lambda: (dist.all_reduce(t), x)[1]), exp
+
+
+def c_allgather(lib, h, count, rank, n, fill=False):
+    send, out = _inputs(count // n, rank, fill), np.zeros(count, np.float32)
+    exp = np.concatenate([_inputs(count // n, r, True) for r in range(n)])
+    if lib == "harp":
+        return (lambda: h.allgather(send, out)), exp
+    if lib == "mpi":
+        return (lambda: (h.Allgather(send, out), out)[1]), exp
+    dist, torch = h
+    ts, to = torch.from_numpy(send), torch.from_numpy(out)
+    return (lambda: (dist.all_gather_into_tensor(to, ts), out)[1]), exp
+
+
+def c_reduce_scatter(lib, h, count, rank, n, fill=False):
+    send, out = _inputs(count, rank, fill), np.zeros(count // n, np.float32)
+    full = ((np.arange(count) % 13) * n + n * (n - 1) / 2).astype(np.float32)
+    exp = full[rank * (count // n):(rank + 1) * (count // n)]
+    if lib == "harp":
+        return (lambda: h.reduce_scatter(send, out)), exp
+    if lib == "mpi":
+        return (lambda: (h.Reduce_scatter_block(send, out, op=MPI.SUM), out)[1]), exp
+    dist, torch = h
+    ts, to = torch.from_numpy(send), torch.from_numpy(out)
+    return (lambda: (dist.reduce_scatter_tensor(to, ts), out)[1]), exp
+
+
+def c_broadcast(lib, h, count, rank, n, fill=False):
+    x = _inputs(count, rank, fill)
+    exp = _inputs(count, 0, True)
+    if lib == "harp":
+        return (lambda: h.broadcast(x, 0)), exp
+    if lib == "mpi":
+        return (lambda: (h.Bcast(x, root=0), x)[1]), exp
+    dist, torch = h
+    t = torch.from_numpy(x)
+    return (lambda: (dist.broadcast(t, 0), x)[1]), exp
+
+
+# --coll name -> fn(lib, handle, count, rank, nranks, fill) -> (call returning the output, expected output)
+COLLS = {"allreduce": c_allreduce, "allgather": c_allgather, "reduce_scatter": c_reduce_scatter,
+         "broadcast": c_broadcast}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-b", default="8")
@@ -63,6 +124,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-iters", dest="max_iters", type=int, default=200, help="calls per batch for small sizes")
     ap.add_argument("--libs", default="harp,mpi,gloo")
+    ap.add_argument("--coll", default="allreduce", choices=sorted(COLLS))
     ap.add_argument("--json")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -88,7 +150,7 @@ def main():
         os.environ.update(HARP_RANK=str(rank), HARP_WORLD_SIZE=str(n), HARP_ADDR=f"127.0.0.1:{ports[0]}",
                           HARP_SECRET=secret)
         hc = harp.init()
-        impl["harp"] = lambda x: hc.allreduce(x)
+        impl["harp"] = hc
         transports = sorted({hc.transport(p) for p in range(n) if p != rank})
     if "gloo" in libs:
         import torch
@@ -100,11 +162,9 @@ def main():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=n)
 
-        def gloo(x):
-            dist.all_reduce(torch.from_numpy(x))
-        impl["gloo"] = gloo
+        impl["gloo"] = (dist, torch)
     if "mpi" in libs:
-        impl["mpi"] = lambda x: comm.Allreduce(MPI.IN_PLACE, x)
+        impl["mpi"] = comm
 
     copy_before = stream_copy(comm)
     sizes = []
@@ -113,36 +173,42 @@ def main():
         sizes.append(s)
         s *= 2
     rows = []
+    factor = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "broadcast": 1.0}[a.coll]
     for size in sizes:
         count = size // 4
+        if a.coll in ("allgather", "reduce_scatter"):
+            count -= count % n
+            if count == 0:
+                continue
         # correctness, once per library
         ok = {}
         for lib in libs:
-            x = ((np.arange(count) % 13) + rank).astype(np.float32)
-            impl[lib](x)
-            exp = (np.arange(count) % 13) * n + n * (n - 1) / 2
-            ok[lib] = bool(comm.allreduce(int(np.array_equal(x, exp.astype(np.float32))), op=MPI.MIN))
-        x = np.zeros(count, np.float32)
+            call, expected = COLLS[a.coll](lib, impl[lib], count, rank, n, fill=True)
+            out = call()
+            ok[lib] = bool(comm.allreduce(int(np.array_equal(out, expected)), op=MPI.MIN))
+        calls = {lib: COLLS[a.coll](lib, impl[lib], count, rank, n)[0] for lib in libs}
         # Enough calls per batch that one batch is not one cache state (>= 5, ~64 MB moved).
         iters = int(max(5, min(a.max_iters, (64 << 20) // size)))
         for lib in libs:  # warm up
             for _ in range(max(1, iters // 4)):
-                impl[lib](x)
+                calls[lib]()
         times = {lib: [] for lib in libs}
         for rep in range(a.reps):
             order = libs[rep % len(libs):] + libs[:rep % len(libs)]
             for lib in order:
                 comm.Barrier()
                 t = time.perf_counter()
+                call = calls[lib]
                 for _ in range(iters):
-                    impl[lib](x)
+                    call()
                 dt = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
                 times[lib].append(dt / iters)
         row = {"size": size, "iters": iters}
         for lib in libs:
             med = float(np.median(times[lib]))
             alg = size / med / 1e9
-            row[lib] = {"us": med * 1e6, "min_us": min(times[lib]) * 1e6, "busbw": alg * 2 * (n - 1) / n,
+            row[lib] = {"us": med * 1e6, "min_us": min(times[lib]) * 1e6, "busbw": alg * factor,
                         "ok": ok[lib]}
         rows.append(row)
         if rank == 0:
@@ -150,7 +216,7 @@ def main():
                                                for lib in libs), file=sys.stderr, flush=True)
     copy_after = stream_copy(comm)
     if rank == 0:
-        print(f"## allreduce float32 sum, {n} ranks, one host; median of {a.reps} interleaved batches; "
+        print(f"## {a.coll} float32 sum, {n} ranks, one host; median of {a.reps} interleaved batches; "
               f"HARP transport(s): {','.join(transports) if 'harp' in libs else '-'}")
         print(f"## STREAM-like copy (all {n} ranks at once, read+write): before {copy_before[0]:.2f} GB/s, "
               f"after {copy_after[0]:.2f} GB/s; 1 MB in-cache block: {copy_before[1]:.2f} / {copy_after[1]:.2f} GB/s")
@@ -167,7 +233,7 @@ def main():
             print(line + " |")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"nranks": n, "reps": a.reps, "copy_before": copy_before, "copy_after": copy_after,
+                json.dump({"coll": a.coll, "nranks": n, "reps": a.reps, "copy_before": copy_before, "copy_after": copy_after,
                            "rows": rows}, f, indent=1)
     comm.Barrier()
     if "harp" in libs:
