@@ -167,11 +167,13 @@ class Checker:
             for n in sizes:
                 allin = np.stack([data(r, n, dt) for r in range(p)])
                 # allgather out-of-place and in-place (NCCL rule: input is block `rank` of the output)
-                self.expect(f"allgather {dt} n={n}", c.allgather(data(c.rank, n, dt)), allin, dt)
-                buf = np.zeros(p * n, dtype=dt)
-                buf[c.rank * n:(c.rank + 1) * n] = data(c.rank, n, dt)
-                c.allgather(buf[c.rank * n:(c.rank + 1) * n], buf)
-                self.expect(f"allgather in-place {dt} n={n}", buf, allin.ravel(), dt)
+                for algo in ("ring", "direct"):
+                    self.expect(f"allgather {dt} n={n} {algo}", c.allgather(data(c.rank, n, dt), algo=algo), allin,
+                                dt)
+                    buf = np.zeros(p * n, dtype=dt)
+                    buf[c.rank * n:(c.rank + 1) * n] = data(c.rank, n, dt)
+                    c.allgather(buf[c.rank * n:(c.rank + 1) * n], buf, algo=algo)
+                    self.expect(f"allgather in-place {dt} n={n} {algo}", buf, allin.ravel(), dt)
                 # reduce_scatter, every op
                 for op in ops_for(dt):
                     inputs = [data(r, p * n, dt, salt=3) for r in range(p)]

@@ -15,6 +15,7 @@ const Algorithm kAlgorithms[] = {
     {CollType::kReduce, "binomial", reduceBinomial},
     {CollType::kReduce, "pipeline", reducePipeline},
     {CollType::kAllgather, "ring", allgatherRing},
+    {CollType::kAllgather, "direct", allgatherDirect},
     {CollType::kReduceScatter, "ring", reduceScatterRing},
     {CollType::kAlltoall, "pairwise", alltoallPairwise},
     {CollType::kAlltoallv, "pairwise", alltoallvPairwise},

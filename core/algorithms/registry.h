@@ -37,6 +37,7 @@ void broadcastPipeline(Context&);
 void reduceBinomial(Context&);
 void reducePipeline(Context&);
 void allgatherRing(Context&);
+void allgatherDirect(Context&);
 void reduceScatterRing(Context&);
 void alltoallPairwise(Context&);
 void alltoallvPairwise(Context&);

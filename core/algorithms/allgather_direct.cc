@@ -1,0 +1,40 @@
+// Allgather, direct: every rank receives each peer's block straight from that
+// peer, and sends its own block from sendbuf to every peer, all at once.
+// Nothing is forwarded: on a single-copy transport (shm with CMA) every read
+// hits a sender's own input, which it did not just write, where the ring reads
+// blocks its left neighbour has just received (cache lines dirty on another
+// core). Chosen for shm by core/tuning.tsv; on networks the ring's one
+// neighbour per step suits links better.
+// Any p, any count; in-place when sendbuf == recvbuf + r·count (NCCL's rule);
+// a sendbuf inside recvbuf anywhere else is staged in scratch first.
+// Cost: (p-1)·alpha + (p-1)·count·beta per rank (transfers overlap).
+#include <vector>
+
+#include "core/algorithms/registry.h"
+
+namespace harp {
+
+void allgatherDirect(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const size_t blk = a.count * ctx.elemSize();
+  char* out = static_cast<char*>(a.recvbuf);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  if (blk == 0) return;
+  if (in != out + r * blk && in < out + p * blk && out < in + blk) {
+    char* copy = static_cast<char*>(ctx.scratch(blk));
+    copyBytes(copy, in, blk);
+    in = copy;
+  }
+  std::vector<Request*> reqs;
+  reqs.reserve(2 * (p - 1));
+  for (int s = 1; s < p; ++s) {
+    const int from = (r - s + p) % p;
+    reqs.push_back(ctx.irecv(from, out + from * blk, blk));
+  }
+  for (int s = 1; s < p; ++s) reqs.push_back(ctx.isend((r + s) % p, in, blk));
+  copyBytes(out + r * blk, in, blk);
+  ctx.waitAll(reqs);
+}
+
+}  // namespace harp
