@@ -63,9 +63,14 @@ def _inputs(count, rank, fill):
     return ((np.arange(count) % 13) + rank).astype(np.float32) if fill else np.zeros(count, np.float32)
 
 
+def _sum(count, n):
+    """The sum over n ranks of _inputs(count, rank, True)."""
+    return ((np.arange(count) % 13) * n + n * (n - 1) / 2).astype(np.float32)
+
+
 def c_allreduce(lib, h, count, rank, n, fill=False):
     x = _inputs(count, rank, fill)
-    exp = ((np.arange(count) % 13) * n + n * (n - 1) / 2).astype(np.float32)
+    exp = _sum(count, n)
     if lib == "harp":
         return (lambda: h.allreduce(x)), exp
     if lib == "mpi":
@@ -89,8 +94,7 @@ def c_allgather(lib, h, count, rank, n, fill=False):
 
 def c_reduce_scatter(lib, h, count, rank, n, fill=False):
     send, out = _inputs(count, rank, fill), np.zeros(count // n, np.float32)
-    full = ((np.arange(count) % 13) * n + n * (n - 1) / 2).astype(np.float32)
-    exp = full[rank * (count // n):(rank + 1) * (count // n)]
+    exp = _sum(count, n)[rank * (count // n):(rank + 1) * (count // n)]
     if lib == "harp":
         return (lambda: h.reduce_scatter(send, out)), exp
     if lib == "mpi":

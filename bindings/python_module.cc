@@ -125,20 +125,21 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     switch (static_cast<CollType>(coll)) {
       // recv is required; the sizes relate by the rank count (`count` as the
       // general Python path passes it: elements per rank).
-      case CollType::kAllgather:  // recv: N blocks of send's size
+      case CollType::kAllgather:       // recv: N blocks of send's size
+      case CollType::kReduceScatter:   // send: N blocks of recv's size
+      case CollType::kAlltoall:        // N equal blocks each way
         ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
-             dr == ds && nr == ns * N;
-        count = ns;
-        break;
-      case CollType::kReduceScatter:  // send: N blocks of recv's size
-        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
-             dr == ds && ns == nr * N;
-        count = nr;
-        break;
-      case CollType::kAlltoall:  // N equal blocks each way
-        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
-             dr == ds && nr == ns && ns % N == 0;
-        count = ns / N;
+             dr == ds;
+        if (coll == static_cast<int>(CollType::kAllgather)) {
+          ok = ok && nr == ns * N;
+          count = ns;
+        } else if (coll == static_cast<int>(CollType::kReduceScatter)) {
+          ok = ok && ns == nr * N;
+          count = nr;
+        } else {
+          ok = ok && nr == ns && ns % N == 0;
+          count = ns / N;
+        }
         break;
       case CollType::kAllreduce:
       case CollType::kBroadcast:

@@ -21,7 +21,7 @@ void allgatherDirect(Context& ctx) {
   char* out = static_cast<char*>(a.recvbuf);
   const char* in = static_cast<const char*>(a.sendbuf);
   if (blk == 0) return;
-  if (in != out + r * blk && in < out + p * blk && out < in + blk) {
+  if (aliasesOtherBlock(in, out, r, p, blk)) {
     char* copy = static_cast<char*>(ctx.scratch(blk));
     copyBytes(copy, in, blk);
     in = copy;

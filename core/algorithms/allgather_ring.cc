@@ -18,7 +18,7 @@ void allgatherRing(Context& ctx) {
   const char* in = static_cast<const char*>(a.sendbuf);
   // sendbuf inside recvbuf anywhere but block r: place it first, before the
   // ring overwrites it.
-  const bool early = in != out + r * blk && in < out + p * blk && out < in + blk;
+  const bool early = aliasesOtherBlock(in, out, r, p, blk);
   if (early) copyBytes(out + r * blk, in, blk);
   auto mod = [p](int x) { return ((x % p) + p) % p; };
   const int right = mod(r + 1), left = mod(r - 1);

@@ -45,6 +45,10 @@ void copyBytes(void* dst, const void* src, size_t n) {
   if (n && dst != src) std::memmove(dst, src, n);
 }
 
+bool aliasesOtherBlock(const char* in, const char* out, int r, int p, size_t blk) {
+  return in != out + r * blk && in < out + p * blk && out < in + blk;
+}
+
 int floorPow2(int n) {
   int p = 1;
   while (p * 2 <= n) p *= 2;

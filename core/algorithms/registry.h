@@ -51,6 +51,10 @@ void p2pBatch(Context&);
 // Helpers shared by algorithms.
 // Copy n bytes unless src == dst.
 void copyBytes(void* dst, const void* src, size_t n);
+// Allgather input `in` (blk bytes) lies inside the output `out` (p blocks)
+// somewhere other than block r, NCCL's in-place position: the algorithm
+// must move it out of the way before receiving over it.
+bool aliasesOtherBlock(const char* in, const char* out, int r, int p, size_t blk);
 // Largest power of two <= n.
 int floorPow2(int n);
 

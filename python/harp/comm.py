@@ -133,7 +133,7 @@ class Communicator:
         if dtype is not None or async_op or timeout is not None:
             return False
         try:
-            code = OP_CODES.get(op)
+            code = _op_code(op)
         except TypeError:  # unhashable op: let parse_op word the error
             return False
         return code is not None and _run_arrays(self._c, coll, sendbuf, recvbuf, code, root, algo)
