@@ -4,8 +4,15 @@
 # Users and CI install with `pip install .` instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache, when installed, shares objects between checkouts (CCACHE_BASEDIR
+# makes paths relative, so two worktrees of the same commit hit the same cache).
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR="$PWD"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 if [ ! -f build/dev/build.ninja ]; then
-  cmake -S . -B build/dev -G Ninja -DHARP_BUILD_TESTS=ON \
+  cmake -S . -B build/dev -G Ninja -DHARP_BUILD_TESTS=ON "${launcher[@]}" \
     -Dpybind11_DIR="$(python3 -c 'import pybind11; print(pybind11.get_cmake_dir())')"
 fi
 ninja -C build/dev -j"${JOBS:-2}"
