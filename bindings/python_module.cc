@@ -97,9 +97,33 @@ bool plainArray(PyObject* o, bool writable, void** data, size_t* count, int* dty
   return true;
 }
 
+// The reduction op of a fast-path call: an exact int (an IntEnum ReduceOp
+// included) in range, or one of the op names, spelt exactly. -1 for anything
+// else (bool, float, numpy scalars, other spellings): the general Python path
+// then accepts or words the error. bool is an int subclass, so it is refused
+// explicitly (op=True must not mean prod).
+long opCode(PyObject* op) {
+  static const char* const kNames[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
+  if (PyUnicode_Check(op)) {
+    for (long i = 0; i < 8; ++i)
+      if (PyUnicode_CompareWithASCIIString(op, kNames[i]) == 0) return i;
+    return -1;
+  }
+  if (!PyLong_Check(op) || PyBool_Check(op)) return -1;
+  const long v = PyLong_AsLong(op);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  return v >= 0 && v < 8 ? v : -1;
+}
+
 // The fastest call path, for blocking collectives on numpy arrays:
 // _harp.run_arrays(comm, coll, send, recv, op, root, algo) checks the arrays
-// here instead of in Python and starts the collective. allreduce, broadcast,
+// here instead of in Python and starts the collective. `op` is the caller's
+// op object (see opCode), `root` an exact int (not bool). The element counts
+// come from the arrays themselves (no dtype override here), so count x itemsize
+// is each array's size by construction. allreduce, broadcast,
 // reduce: `recv` None means in place. allgather, reduce_scatter, alltoall:
 // `recv` is required, its size N times, 1/N times, or equal to send's. `algo`
 // is a name or None. Returns False, doing nothing, when the arguments need the
@@ -114,8 +138,11 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   try {
     Communicator& c = py::cast<Communicator&>(py::handle(args[0]));
-    const long coll = PyLong_AsLong(args[1]), op = PyLong_AsLong(args[4]), root = PyLong_AsLong(args[5]);
+    const long op = opCode(args[4]);
+    if (op < 0 || !PyLong_CheckExact(args[5])) Py_RETURN_FALSE;
+    const long coll = PyLong_AsLong(args[1]), root = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return nullptr;
+    if (root < 0 || root >= c.size()) Py_RETURN_FALSE;
     void *s = nullptr, *r = nullptr;
     size_t ns = 0, nr = 0, count = 0;
     int ds = 0, dr = 0;

@@ -69,8 +69,25 @@ _OP_NAMES = {
     "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
 }
 
-# Op names and codes accepted as-is by the fast call path (exact spelling).
-OP_CODES = {**{k: int(v) for k, v in _OP_NAMES.items()}, **{v: int(v) for v in ReduceOp}}
+# Bytes per element of each HARP datatype (core/types.cc dtypeSize).
+ITEMSIZE = {DataType.int8: 1, DataType.uint8: 1, DataType.int32: 4, DataType.uint32: 4, DataType.int64: 8,
+            DataType.uint64: 8, DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4,
+            DataType.float64: 8, DataType.bool: 1}
+
+# p2p tags travel as uint32 (core/communicator.h CollArgs::tag).
+MAX_TAG = 2**32 - 1
+
+
+def numpy_dtype(dt: DataType) -> np.dtype:
+    """The numpy dtype holding a HARP datatype (bfloat16: ml_dtypes' when installed, else uint16)."""
+    if dt == DataType.bfloat16:
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            return np.dtype(np.uint16)
+    return next(k for k, v in _NP_TO_DT.items() if v == dt)
 
 
 def dtype_of(arr: np.ndarray, override=None) -> DataType:
@@ -88,28 +105,64 @@ def dtype_of(arr: np.ndarray, override=None) -> DataType:
 def parse_dtype(d) -> DataType:
     if isinstance(d, DataType):
         return d
+    if isinstance(d, (bool, int, float)) or d is None:
+        raise _invalid(f"dtype: {d!r} is not a datatype (a name such as 'float32', or a numpy dtype)")
     if isinstance(d, str):
         try:
             return DataType[{"half": "float16", "float": "float32", "double": "float64"}.get(d, d)]
         except KeyError:
-            raise _invalid(f"unknown dtype '{d}' (known: {', '.join(x.name for x in DataType)})") from None
+            raise _invalid(f"dtype: unknown dtype '{d}' (known: {', '.join(x.name for x in DataType)})") from None
     try:
         return dtype_of(np.empty(0, dtype=d))
-    except TypeError:
-        raise _invalid(f"unknown dtype {d!r}") from None
+    except (TypeError, ValueError):
+        raise _invalid(f"dtype: unknown dtype {d!r}") from None
 
 
 def parse_op(op) -> ReduceOp:
+    """A ReduceOp from a ReduceOp, a name ('sum', 'MAX', ...) or an integer code. bool and float are
+    refused (op=True is not 'prod', op=3.0 is not 'max')."""
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
         o = _OP_NAMES.get(op.lower())
         if o is None:
-            raise _invalid(f"unknown reduction op '{op}' (known: {', '.join(_OP_NAMES)})")
+            raise _invalid(f"op: unknown reduction op '{op}' (known: {', '.join(_OP_NAMES)})")
         return o
-    if isinstance(op, int) and 0 <= op < len(ReduceOp):
-        return ReduceOp(op)
-    raise _invalid(f"unknown reduction op {op!r}")
+    if is_int(op) and 0 <= op < len(ReduceOp):
+        return ReduceOp(int(op))
+    raise _invalid(f"op: {op!r} is not a reduction op (a name such as 'sum', or a harp.ReduceOp)")
+
+
+def is_int(x) -> bool:
+    """An integer argument: int or numpy integer, never bool (an int subclass) or float."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def check_int(x, what: str, lo: int, hi: int) -> int:
+    """x as an int in [lo, hi], or InvalidArgumentError naming `what`."""
+    if not is_int(x):
+        raise _invalid(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    if not lo <= x <= hi:
+        raise _invalid(f"{what} {int(x)} is out of range [{lo}, {hi}]")
+    return int(x)
+
+
+def typed_count(arr: np.ndarray, override, what: str):
+    """(HARP datatype, element count) of `arr` read as `override` (or as its own dtype).
+
+    With a dtype override the count is arr.nbytes / itemsize, so count x itemsize is exactly the
+    buffer's size; a buffer that is not a whole number of such elements is refused."""
+    if override is None:
+        try:
+            return dtype_of(arr), arr.size
+        except ValueError as e:
+            raise _invalid(f"{what}: {e}") from None
+    dt = parse_dtype(override)
+    size = ITEMSIZE[dt]
+    if arr.nbytes % size:
+        raise _invalid(f"{what}: {arr.nbytes} bytes is not a whole number of dtype={dt.name} elements "
+                       f"({size} bytes each)")
+    return dt, arr.nbytes // size
 
 
 def _invalid(msg):

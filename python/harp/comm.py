@@ -18,6 +18,8 @@ issue collectives in the same order, so order your threads' calls yourself.
 """
 from __future__ import annotations
 
+import collections
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -25,11 +27,22 @@ import numpy as np
 from . import _harp
 from ._buffers import address, as_array
 from ._harp import run_arrays as _run_arrays
-from ._types import OP_CODES, Coll, DataType, ReduceOp, dtype_of, parse_op
+from ._types import MAX_TAG, Coll, DataType, ReduceOp, check_int, numpy_dtype, parse_dtype, parse_op, typed_count
 from .errors import InvalidArgumentError
 
 _ALLREDUCE = int(Coll.allreduce)
-_op_code = OP_CODES.get
+
+
+def _seconds(timeout) -> float:
+    """A per-call timeout in seconds (-1: the communicator's)."""
+    if timeout is None:
+        return -1.0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    t = float(timeout)
+    if math.isnan(t) or t <= 0:
+        raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout!r}")
+    return t
 
 
 class Work:
@@ -114,106 +127,139 @@ class Communicator:
         return self._c.broken
 
     # -- plumbing ---------------------------------------------------------------------
+    # Async calls whose buffers the core may still use: deque of (core work, buffers), oldest
+    # first. Created on the first async call (see _hold); waited for in __del__.
+    _pending = None
+
+    def _hold(self, w, keep):
+        """Own an async call's buffers until the core has finished with them, whether or not the
+        caller keeps the Work (a dropped handle must not free a buffer the collective still writes).
+        Finished entries are dropped from the front on later general-path calls; collectives
+        complete in issue order, so this costs one test() per finished call."""
+        p = self._pending
+        if p is None:
+            p = self._pending = collections.deque()
+        p.append((w, keep))
+
+    def _drain(self):
+        p = self._pending
+        while p and p[0][0].test():
+            p.popleft()
+
+    def __del__(self):
+        # The core may still be writing into the pending calls' buffers: wait for each (the
+        # collective's own timeout bounds this) before the buffers can go.
+        p = self._pending
+        while p:
+            try:
+                p[0][0].wait(-1.0)
+            except Exception:  # noqa: BLE001 - its error was the caller's to fetch; only the lifetime matters here
+                pass
+            p.popleft()
+
     def _run(self, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0, algo=None,
              timeout=None, async_op=False, result=None, keep=(), v=None):
+        secs = _seconds(timeout)
+        if self._pending:
+            self._drain()
         if not async_op and v is None and peer < 0 and timeout is None:
             self._c.run(int(coll), send, recv, int(count), int(dt), int(op), int(root), algo or "")
             return result
         sc, sd, rc, rd = v if v is not None else ([], [], [], [])
         w = self._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer), int(tag),
-                           algo or "", -1.0 if timeout is None else float(timeout), bool(async_op), sc, sd, rc, rd)
+                           algo or "", secs, bool(async_op), sc, sd, rc, rd)
         if async_op:
+            self._hold(w, keep)
             return Work(w, result, keep)
         return result
 
     def _fast(self, coll, sendbuf, recvbuf, op, root, dtype, async_op, algo, timeout) -> bool:
         """The common blocking call on plain numpy arrays, checked and run in C++ (about 0.3 us
-        instead of 5-10). False when the call needs the general path below (which also words
-        any error)."""
+        instead of 5-10): op and root are checked there too (no bool, no float). False when the
+        call needs the general path below (which also words any error)."""
         if dtype is not None or async_op or timeout is not None:
             return False
-        try:
-            code = _op_code(op)
-        except TypeError:  # unhashable op: let parse_op word the error
-            return False
-        return code is not None and _run_arrays(self._c, coll, sendbuf, recvbuf, code, root, algo)
+        return _run_arrays(self._c, coll, sendbuf, recvbuf, op, root, algo)
 
-    def _check_root(self, root):
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
-            raise InvalidArgumentError(f"root {root} is out of range for {self.size} ranks")
-        return int(root)
+    def _check_root(self, root, what):
+        return check_int(root, f"{what}: root", 0, self.size - 1)
 
-    def _out(self, recvbuf, like: np.ndarray, count: int, what: str, shape=None):
-        """A writable output of `count` elements of like's dtype (allocated when None)."""
+    def _out(self, recvbuf, like: np.ndarray, dtype, count: int, what: str, shape=None):
+        """A writable output holding exactly `count` elements of the call's datatype: recvbuf
+        checked (count x itemsize == its size), or a new array when recvbuf is None."""
         if recvbuf is None:
+            if dtype is not None:  # count is in the override's elements
+                return np.empty(count, dtype=numpy_dtype(parse_dtype(dtype)))
             return np.empty(shape if shape is not None else (count,), dtype=like.dtype)
         out = as_array(recvbuf, f"{what}: recvbuf", writable=True)
-        if out.dtype != like.dtype:
+        if dtype is None and out.dtype != like.dtype:
             raise InvalidArgumentError(f"{what}: recvbuf dtype {out.dtype} differs from sendbuf dtype {like.dtype}")
-        if out.size != count:
-            raise InvalidArgumentError(f"{what}: recvbuf has {out.size} elements, expected {count}")
+        _, n = typed_count(out, dtype, f"{what}: recvbuf")
+        if n != count:
+            raise InvalidArgumentError(f"{what}: recvbuf has {n} elements, expected {count}")
         return out
 
     # -- collectives -------------------------------------------------------------------
+    # dtype= reads a buffer as that datatype: the element count is then the buffer's bytes /
+    # itemsize (a remainder is refused), so no call reads or writes past a buffer.
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
         """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
         # _fast() written out: the call is the whole cost of a small allreduce (0.47 -> 0.27 us).
-        if dtype is None and timeout is None and not async_op:
-            try:
-                code = _op_code(op)
-            except TypeError:  # unhashable op: let parse_op word the error
-                code = None
-            if code is not None and _run_arrays(self._c, _ALLREDUCE, sendbuf, recvbuf, code, 0, algo):
-                return recvbuf if recvbuf is not None else sendbuf
+        if dtype is None and timeout is None and not async_op and _run_arrays(self._c, _ALLREDUCE, sendbuf, recvbuf,
+                                                                               op, 0, algo):
+            return recvbuf if recvbuf is not None else sendbuf
+        code = parse_op(op)
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
-        dt = dtype_of(send, dtype)
-        out = send if recvbuf is None else self._out(recvbuf, send, send.size, "allreduce")
+        dt, n = typed_count(send, dtype, "allreduce: sendbuf")
+        out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "allreduce")
         result = recvbuf if recvbuf is not None else sendbuf
-        return self._run(Coll.allreduce, address(send), address(out), send.size, dt, op=parse_op(op), algo=algo,
-                         timeout=timeout, async_op=async_op, result=result, keep=(send, out))
+        return self._run(Coll.allreduce, address(send), address(out), n, dt, op=code, algo=algo,
+                         timeout=timeout, async_op=async_op, result=result, keep=(sendbuf, recvbuf, send, out))
 
     def broadcast(self, buf, root: int = 0, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Copy root's buf to every rank's buf (in place)."""
-        if type(root) is int and 0 <= root < self.size and self._fast(Coll.broadcast, buf, None, 0, root, dtype,
-                                                                         async_op, algo, timeout):
+        if self._fast(Coll.broadcast, buf, None, 0, root, dtype, async_op, algo, timeout):
             return buf
-        root = self._check_root(root)
+        root = self._check_root(root, "broadcast")
         arr = as_array(buf, "broadcast: buf", writable=True)
-        dt = dtype_of(arr, dtype)
-        return self._run(Coll.broadcast, address(arr), address(arr), arr.size, dt, root=root, algo=algo,
-                         timeout=timeout, async_op=async_op, result=buf, keep=(arr,))
+        dt, n = typed_count(arr, dtype, "broadcast: buf")
+        return self._run(Coll.broadcast, address(arr), address(arr), n, dt, root=root, algo=algo,
+                         timeout=timeout, async_op=async_op, result=buf, keep=(buf, arr))
 
     def reduce(self, sendbuf, recvbuf=None, op="sum", root: int = 0, *, dtype=None, async_op=False, algo=None,
                timeout=None):
         """Reduce to root. recvbuf (root only) defaults to sendbuf (in place at the root)."""
-        if type(root) is int and 0 <= root < self.size and self._fast(Coll.reduce, sendbuf, recvbuf, op, root, dtype,
-                                                                         async_op, algo, timeout):
+        if self._fast(Coll.reduce, sendbuf, recvbuf, op, root, dtype, async_op, algo, timeout):
             return (recvbuf if recvbuf is not None else sendbuf) if self.rank == root else None
-        root = self._check_root(root)
+        code = parse_op(op)
+        root = self._check_root(root, "reduce")
         is_root = self.rank == root
         send = as_array(sendbuf, "reduce: sendbuf", writable=is_root and recvbuf is None)
-        dt = dtype_of(send, dtype)
+        dt, n = typed_count(send, dtype, "reduce: sendbuf")
         out = None
         if is_root:
-            out = send if recvbuf is None else self._out(recvbuf, send, send.size, "reduce")
+            out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "reduce")
         result = (recvbuf if recvbuf is not None else sendbuf) if is_root else None
-        return self._run(Coll.reduce, address(send), address(out) if out is not None else 0, send.size, dt,
-                         op=parse_op(op), root=root, algo=algo, timeout=timeout, async_op=async_op, result=result,
-                         keep=(send, out))
+        return self._run(Coll.reduce, address(send), address(out) if out is not None else 0, n, dt,
+                         op=code, root=root, algo=algo, timeout=timeout, async_op=async_op, result=result,
+                         keep=(sendbuf, recvbuf, send, out))
 
     def allgather(self, sendbuf, recvbuf=None, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Concatenate every rank's sendbuf, in rank order. New array of shape (size, *sendbuf.shape)
-        when recvbuf is None."""
+        when recvbuf is None (shape (size, n) with dtype=)."""
         out = recvbuf
         if out is None and type(sendbuf) is np.ndarray:
             out = np.empty((self.size,) + sendbuf.shape, sendbuf.dtype)
-        if self._fast(Coll.allgather, sendbuf, out, "sum", 0, dtype, async_op, algo, timeout):
+        if self._fast(Coll.allgather, sendbuf, out, 0, 0, dtype, async_op, algo, timeout):
             return out
         send = as_array(sendbuf, "allgather: sendbuf")
-        dt = dtype_of(send, dtype)
-        out = self._out(recvbuf, send, send.size * self.size, "allgather", shape=(self.size,) + send.shape)
-        return self._run(Coll.allgather, address(send), address(out), send.size, dt, algo=algo, timeout=timeout,
-                         async_op=async_op, result=out if recvbuf is None else recvbuf, keep=(send, out))
+        dt, n = typed_count(send, dtype, "allgather: sendbuf")
+        out = self._out(recvbuf, send, dtype, n * self.size, "allgather", shape=(self.size,) + send.shape)
+        if recvbuf is None and dtype is not None:
+            out = out.reshape(self.size, n)
+        return self._run(Coll.allgather, address(send), address(out), n, dt, algo=algo, timeout=timeout,
+                         async_op=async_op, result=out if recvbuf is None else recvbuf,
+                         keep=(sendbuf, recvbuf, send, out))
 
     def reduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None,
                        timeout=None):
@@ -223,33 +269,44 @@ class Communicator:
             out = np.empty(sendbuf.size // self.size, sendbuf.dtype)
         if self._fast(Coll.reduce_scatter, sendbuf, out, op, 0, dtype, async_op, algo, timeout):
             return out
+        code = parse_op(op)
         send = as_array(sendbuf, "reduce_scatter: sendbuf")
-        dt = dtype_of(send, dtype)
-        if send.size % self.size:
+        dt, total = typed_count(send, dtype, "reduce_scatter: sendbuf")
+        if total % self.size:
             raise InvalidArgumentError(
-                f"reduce_scatter: sendbuf has {send.size} elements, not a multiple of {self.size} ranks")
-        n = send.size // self.size
-        out = self._out(recvbuf, send, n, "reduce_scatter")
-        return self._run(Coll.reduce_scatter, address(send), address(out), n, dt, op=parse_op(op), algo=algo,
+                f"reduce_scatter: sendbuf has {total} elements, not a multiple of {self.size} ranks")
+        n = total // self.size
+        out = self._out(recvbuf, send, dtype, n, "reduce_scatter")
+        return self._run(Coll.reduce_scatter, address(send), address(out), n, dt, op=code, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
-                         keep=(send, out))
+                         keep=(sendbuf, recvbuf, send, out))
 
     def alltoall(self, sendbuf, recvbuf=None, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Block q of sendbuf goes to rank q; block q of recvbuf comes from rank q (equal blocks)."""
         out = recvbuf
         if out is None and type(sendbuf) is np.ndarray:
             out = np.empty(sendbuf.shape, sendbuf.dtype)
-        if self._fast(Coll.alltoall, sendbuf, out, "sum", 0, dtype, async_op, algo, timeout):
+        if self._fast(Coll.alltoall, sendbuf, out, 0, 0, dtype, async_op, algo, timeout):
             return out
         send = as_array(sendbuf, "alltoall: sendbuf")
-        dt = dtype_of(send, dtype)
-        if send.size % self.size:
+        dt, total = typed_count(send, dtype, "alltoall: sendbuf")
+        if total % self.size:
             raise InvalidArgumentError(
-                f"alltoall: sendbuf has {send.size} elements, not a multiple of {self.size} ranks")
-        out = self._out(recvbuf, send, send.size, "alltoall", shape=send.shape)
-        return self._run(Coll.alltoall, address(send), address(out), send.size // self.size, dt, algo=algo,
+                f"alltoall: sendbuf has {total} elements, not a multiple of {self.size} ranks")
+        out = self._out(recvbuf, send, dtype, total, "alltoall", shape=send.shape)
+        return self._run(Coll.alltoall, address(send), address(out), total // self.size, dt, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
-                         keep=(send, out))
+                         keep=(sendbuf, recvbuf, send, out))
+
+    def _counts(self, seq, what: str, limit: int):
+        """One non-negative integer per rank (no bool, no float), each <= limit."""
+        try:
+            vals = list(seq)
+        except TypeError:
+            raise InvalidArgumentError(f"alltoallv: {what} must be a sequence of {self.size} integers") from None
+        if len(vals) != self.size:
+            raise InvalidArgumentError(f"alltoallv: {what} has {len(vals)} entries, needs {self.size} (one per rank)")
+        return [check_int(x, f"alltoallv: {what}[{i}]", 0, limit) for i, x in enumerate(vals)]
 
     def alltoallv(self, sendbuf, sendcounts: Sequence[int], recvbuf, recvcounts: Sequence[int],
                   sdispls: Sequence[int] | None = None, rdispls: Sequence[int] | None = None, *, dtype=None,
@@ -257,68 +314,78 @@ class Communicator:
         """Alltoall with per-rank counts (elements); displacements default to packed."""
         send = as_array(sendbuf, "alltoallv: sendbuf")
         out = as_array(recvbuf, "alltoallv: recvbuf", writable=True)
-        dt = dtype_of(send, dtype)
-        p = self.size
-        sc, rc = [int(x) for x in sendcounts], [int(x) for x in recvcounts]
-        if len(sc) != p or len(rc) != p:
-            raise InvalidArgumentError(f"alltoallv: sendcounts and recvcounts need {p} entries")
-        sd = [int(x) for x in sdispls] if sdispls is not None else list(np.cumsum([0] + sc[:-1]))
-        rd = [int(x) for x in rdispls] if rdispls is not None else list(np.cumsum([0] + rc[:-1]))
-        if any(c < 0 for c in sc + rc + sd + rd):
-            raise InvalidArgumentError("alltoallv: counts and displacements must be >= 0")
-        if max((d + c for d, c in zip(sd, sc)), default=0) > send.size:
-            raise InvalidArgumentError("alltoallv: sendcounts/sdispls reach past the end of sendbuf")
-        if max((d + c for d, c in zip(rd, rc)), default=0) > out.size:
-            raise InvalidArgumentError("alltoallv: recvcounts/rdispls reach past the end of recvbuf")
-        if out.dtype != send.dtype:
+        if dtype is None and out.dtype != send.dtype:
             raise InvalidArgumentError(f"alltoallv: recvbuf dtype {out.dtype} differs from sendbuf dtype {send.dtype}")
+        dt, ns = typed_count(send, dtype, "alltoallv: sendbuf")
+        _, nr = typed_count(out, dtype, "alltoallv: recvbuf")
+        sc, rc = self._counts(sendcounts, "sendcounts", ns), self._counts(recvcounts, "recvcounts", nr)
+        sd = self._counts(sdispls, "sdispls", ns) if sdispls is not None else [sum(sc[:i]) for i in range(self.size)]
+        rd = self._counts(rdispls, "rdispls", nr) if rdispls is not None else [sum(rc[:i]) for i in range(self.size)]
+        if max((d + c for d, c in zip(sd, sc)), default=0) > ns:
+            raise InvalidArgumentError("alltoallv: sendcounts/sdispls reach past the end of sendbuf")
+        if max((d + c for d, c in zip(rd, rc)), default=0) > nr:
+            raise InvalidArgumentError("alltoallv: recvcounts/rdispls reach past the end of recvbuf")
         return self._run(Coll.alltoallv, address(send), address(out), 0, dt, timeout=timeout, async_op=async_op,
-                         result=recvbuf, keep=(send, out), v=(sc, [int(x) for x in sd], rc, [int(x) for x in rd]))
+                         result=recvbuf, keep=(sendbuf, recvbuf, send, out), v=(sc, sd, rc, rd))
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Root receives every rank's sendbuf in rank order; returns it at the root, None elsewhere."""
-        root = self._check_root(root)
+        root = self._check_root(root, "gather")
         send = as_array(sendbuf, "gather: sendbuf")
-        dt = dtype_of(send, dtype)
+        dt, n = typed_count(send, dtype, "gather: sendbuf")
         out = None
         if self.rank == root:
-            out = self._out(recvbuf, send, send.size * self.size, "gather", shape=(self.size,) + send.shape)
+            out = self._out(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
+            if recvbuf is None and dtype is not None:
+                out = out.reshape(self.size, n)
         result = (out if recvbuf is None else recvbuf) if out is not None else None
-        return self._run(Coll.gather, address(send), address(out) if out is not None else 0, send.size, dt,
-                         root=root, algo=algo, timeout=timeout, async_op=async_op, result=result, keep=(send, out))
+        return self._run(Coll.gather, address(send), address(out) if out is not None else 0, n, dt,
+                         root=root, algo=algo, timeout=timeout, async_op=async_op, result=result,
+                         keep=(sendbuf, recvbuf, send, out))
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, dtype=None, async_op=False, algo=None, timeout=None):
         """Block q of root's sendbuf goes to rank q's recvbuf (sendbuf ignored elsewhere)."""
-        root = self._check_root(root)
+        root = self._check_root(root, "scatter")
         out = as_array(recvbuf, "scatter: recvbuf", writable=True)
-        dt = dtype_of(out, dtype)
+        dt, n = typed_count(out, dtype, "scatter: recvbuf")
         send = None
         if self.rank == root:
             send = as_array(sendbuf, "scatter: sendbuf")
-            if send.dtype != out.dtype:
+            if dtype is None and send.dtype != out.dtype:
                 raise InvalidArgumentError(f"scatter: sendbuf dtype {send.dtype} differs from recvbuf dtype {out.dtype}")
-            if send.size != out.size * self.size:
+            _, total = typed_count(send, dtype, "scatter: sendbuf")
+            if total != n * self.size:
                 raise InvalidArgumentError(
-                    f"scatter: sendbuf has {send.size} elements, expected {out.size * self.size} "
-                    f"({self.size} ranks x {out.size})")
-        return self._run(Coll.scatter, address(send) if send is not None else 0, address(out), out.size, dt,
-                         root=root, algo=algo, timeout=timeout, async_op=async_op, result=recvbuf, keep=(send, out))
+                    f"scatter: sendbuf has {total} elements, expected {n * self.size} ({self.size} ranks x {n})")
+        return self._run(Coll.scatter, address(send) if send is not None else 0, address(out), n, dt,
+                         root=root, algo=algo, timeout=timeout, async_op=async_op, result=recvbuf,
+                         keep=(sendbuf, recvbuf, send, out))
 
     def barrier(self, *, async_op=False, timeout=None):
         return self._run(Coll.barrier, 0, 0, 0, DataType.uint8, timeout=timeout, async_op=async_op)
 
+    def _p2p(self, what, peer, tag):
+        peer = check_int(peer, f"{what}: peer", 0, self.size - 1)
+        if peer == self.rank:
+            raise InvalidArgumentError(f"{what}: peer {peer} is this rank (send/recv need another rank)")
+        return peer, check_int(tag, f"{what}: tag", 0, MAX_TAG)
+
     def send(self, buf, peer: int, tag: int = 0, *, dtype=None, async_op=False, timeout=None):
         """Send buf to `peer`. Messages between two ranks arrive in order; count, dtype and tag must match the
-        receiver's."""
+        receiver's. tag: an integer in [0, 2**32)."""
+        peer, tag = self._p2p("send", peer, tag)
         arr = as_array(buf, "send: buf")
-        return self._run(Coll.send, address(arr), 0, arr.size, dtype_of(arr, dtype), peer=int(peer), tag=int(tag),
-                         timeout=timeout, async_op=async_op, result=None, keep=(arr,))
+        dt, n = typed_count(arr, dtype, "send: buf")
+        return self._run(Coll.send, address(arr), 0, n, dt, peer=peer, tag=tag, timeout=timeout,
+                         async_op=async_op, result=None, keep=(buf, arr))
 
     def recv(self, buf, peer: int, tag: int = 0, *, dtype=None, async_op=False, timeout=None):
         """Receive into buf from `peer`."""
+        peer, tag = self._p2p("recv", peer, tag)
         arr = as_array(buf, "recv: buf", writable=True)
-        return self._run(Coll.recv, 0, address(arr), arr.size, dtype_of(arr, dtype), peer=int(peer), tag=int(tag),
-                         timeout=timeout, async_op=async_op, result=buf, keep=(arr,))
+        dt, n = typed_count(arr, dtype, "recv: buf")
+        return self._run(Coll.recv, 0, address(arr), n, dt, peer=peer, tag=tag, timeout=timeout,
+                         async_op=async_op, result=buf, keep=(buf, arr))
 
     # -- lifetime ----------------------------------------------------------------------
     def split(self, color: int, key: int | None = None) -> Optional["Communicator"]:
