@@ -566,3 +566,63 @@ def _check_outcomes(cases, res):
 def test_generated_arguments_error_or_correct(transport, nranks, cases):
     res = run_ranks(nranks, _cases, cases, env=_env(transport), timeout=300)
     _check_outcomes(cases, res)
+
+
+# ---------------------------------------------------------------------------------------------------
+# harp.nccl: arrays are checked against count x itemsize; scalars must be integers; arrays passed
+# inside a group live until groupEnd
+
+def _nccl(rank, size):
+    import os
+
+    from harp import nccl
+
+    c = nccl.NcclCommunicator(size, bytes.fromhex(os.environ["HARP_UNIQUE_ID"]), rank)
+    F = nccl.NCCL_FLOAT32
+    g = Guarded(np.float32, 8)
+    x = np.ones(8, np.float32)
+    errs = []
+    for call in (lambda: c.allReduce(x, g.arr, 9, F, nccl.NCCL_SUM),            # buffers too small
+                 lambda: c.allReduce(np.ones(4, np.float64), g.arr, 8, nccl.NCCL_FLOAT64, nccl.NCCL_SUM),
+                 lambda: c.allGather(x, np.empty(8 * size - 1, np.float32), 8, F),
+                 lambda: c.reduceScatter(np.empty(8 * size - 1, np.float32), g.arr, 8, F, nccl.NCCL_SUM),
+                 lambda: c.bcast(x[::2], 4, F, 0),                                 # strided
+                 lambda: c.allReduce(x, g.arr, True, F, nccl.NCCL_SUM),
+                 lambda: c.allReduce(x, g.arr, 8.0, F, nccl.NCCL_SUM),
+                 lambda: c.allReduce(x, g.arr, -1, F, nccl.NCCL_SUM),
+                 lambda: c.allReduce(x, g.arr, 8, F, True),
+                 lambda: c.bcast(x, 8, F, True),
+                 lambda: c.send(x, 8, F, 1.0),
+                 lambda: c.recv(x, 8, True, 0)):
+        try:
+            call()
+            errs.append(("no error", ""))
+        except nccl.NcclError as e:
+            errs.append((type(e).__name__, str(e), isinstance(e, harp.InvalidArgumentError)))
+    # group: temporaries given to calls inside a group run at groupEnd
+    outs = []
+    nccl.groupStart()
+    for i in range(6):
+        out = np.empty(70_001 + i, np.float32)
+        c.allReduce(np.full(70_001 + i, rank + i, np.float32), out, 70_001 + i, F, nccl.NCCL_SUM)
+        outs.append((i, out))
+    gc.collect()
+    junk = [np.full(70_001 + i, -7.0, np.float32) for i in range(6)]
+    nccl.groupEnd()
+    tri = size * (size - 1) // 2
+    group_ok = all(np.all(o == size * i + tri) for i, o in outs) and all(np.all(j == -7.0) for j in junk)
+    c.allReduce(x, g.arr, 8, F, nccl.NCCL_SUM)  # still usable; numpy integer count is fine
+    c.allReduce(g.arr, g.arr, np.int64(8), F, nccl.NCCL_SUM)
+    ok = g.intact() and np.all(g.arr == size * size)
+    c.destroy()
+    return errs, group_ok, bool(ok)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_nccl_wrappers_check_sizes_and_arguments(transport):
+    for errs, group_ok, ok in run_ranks(2, _nccl, env=_env(transport), timeout=180):
+        names = ["sendbuf", "sendbuf", "recvbuf", "sendbuf", "C-contiguous", "count", "count", "count", "op",
+                 "root", "peer", "datatype"]
+        for (kind, *rest), word in zip(errs, names):
+            assert kind == "NcclInvalidArgument" and word in rest[0] and rest[1], (kind, rest, word)
+        assert group_ok and ok

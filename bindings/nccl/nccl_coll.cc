@@ -17,6 +17,7 @@
 //
 // Threading: see nccl_internal.h.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
@@ -107,6 +108,13 @@ ncclResult_t check(const Op& o) {
   if (p2p && o.peer == o.c->rank && t_group.depth == 0)
     return fail(ncclInvalidUsage, fn + ": send/recv to this rank itself needs ncclGroupStart/ncclGroupEnd around "
                                        "the matching pair");
+  // The buffers' sizes are the caller's, as in NCCL (a pointer carries none): each must hold
+  // count x ncclTypeSize(datatype) bytes, times nranks for all-gather's receive and
+  // reduce-scatter's send buffer. What can be checked is that this size is representable.
+  const size_t es = ncclTypeSize(o.dt), span = static_cast<size_t>(std::max(o.c->nranks, 1));
+  if (es && o.count > SIZE_MAX / es / span)
+    return fail(ncclInvalidArgument, fn + ": count " + std::to_string(o.count) + " x " + std::to_string(es) +
+                                         " bytes overflows the address space");
   if (o.count > 0) {
     bool needs_send = o.coll != CollType::kRecv && !(o.coll == CollType::kBroadcast && o.root != o.c->rank);
     bool needs_recv = o.coll != CollType::kSend && !(o.coll == CollType::kReduce && o.root != o.c->rank);

@@ -16,13 +16,27 @@ are accepted wherever an address is.
 
 This module is a ctypes layer over ``libharp-nccl.so`` (the same library that
 serves C programs through LD_PRELOAD), so both paths share one implementation.
+Checks: counts, datatypes, ops, roots and peers must be integers (numpy integers too; bool
+and float are refused). An array passed as a buffer must be C-contiguous and hold the bytes
+the call uses (count x datatype size, x nranks for allGather's recvbuf and reduceScatter's
+sendbuf); a bare address carries no size, so that stays the caller's, as in NCCL. Bad
+arguments raise NcclInvalidArgument (an NcclError with NCCL_INVALID_ARGUMENT and a
+harp.InvalidArgumentError). Lifetime: host-memory calls outside a group are done when they
+return; inside a group they run at the outermost groupEnd, and arrays passed to them are
+kept alive until then; device-memory calls are ordered on the stream, and the arrays must
+live until the stream passes them, as in NCCL.
+
 Threading: as NCCL — one thread per communicator at a time; ctypes releases the
 GIL during every call, so several threads may drive several communicators.
 """
 from __future__ import annotations
 
 import ctypes
+import numbers
 import os
+import threading
+
+from .errors import InvalidArgumentError
 
 NCCL_UNIQUE_ID_BYTES = 128
 
@@ -183,21 +197,80 @@ def _check(status: int, comm=None):
         raise NcclError(status, detail.decode(errors="replace") if detail else "")
 
 
-def _ptr(x) -> int:
-    """An address from an int, a cupy/numpy array or memory pointer."""
+class NcclInvalidArgument(NcclError, InvalidArgumentError):
+    """A bad argument found by harp.nccl before calling the library (status NCCL_INVALID_ARGUMENT):
+    both an NcclError, as CuPy code expects, and a harp InvalidArgumentError (a ValueError)."""
+
+    def __init__(self, detail: str):
+        NcclError.__init__(self, NCCL_INVALID_ARGUMENT, detail)
+
+    def __reduce__(self):
+        return (type(self), (self.detail,))
+
+
+def _int(x, what: str) -> int:
+    """An integer argument (numpy integers too), never bool or float."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise NcclInvalidArgument(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    return int(x)
+
+
+def _count(x, what: str = "count") -> int:
+    n = _int(x, what)
+    if n < 0:
+        raise NcclInvalidArgument(f"{what} {n} is negative")
+    return n
+
+
+
+
+def _array_bytes(iface, what: str) -> int:
+    """Bytes of a C-contiguous array from its (CUDA) array interface; refuses strided arrays."""
+    shape = tuple(int(s) for s in iface["shape"])
+    itemsize = int(iface["typestr"][2:])
+    strides = iface.get("strides")
+    if strides is not None:
+        expect, step = [], itemsize
+        for s in reversed(shape):
+            expect.append(step)
+            step *= s
+        if any(a != b and s > 1 for a, b, s in zip(strides, reversed(expect), shape)):
+            raise NcclInvalidArgument(f"{what}: array is not C-contiguous (the call reads it as one block)")
+    n = itemsize
+    for s in shape:
+        n *= s
+    return n
+
+
+def _ptr(x, what: str = "buffer", nbytes: int | None = None, keep: bool = False) -> int:
+    """An address from an int, a cupy/numpy array or memory pointer. For an array, also checks that
+    it holds `nbytes` (count x itemsize, as the call will read or write), and inside a group keeps
+    it alive until the outermost groupEnd. A bare address carries no size: that stays the caller's,
+    as in NCCL."""
     if x is None:
         return 0
+    if isinstance(x, bool):
+        raise NcclInvalidArgument(f"{what}: {x!r} is not a buffer")
     if isinstance(x, int):
         return x
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0])
-    ai = getattr(x, "__array_interface__", None)
-    if ai is not None:
-        return int(ai["data"][0])
-    if hasattr(x, "ptr"):
-        return int(x.ptr)
-    raise TypeError(f"harp.nccl: cannot take the address of {type(x).__name__} (pass an int, an array, or .data.ptr)")
+    iface = getattr(x, "__cuda_array_interface__", None)
+    if iface is None:
+        iface = getattr(x, "__array_interface__", None)
+    if iface is not None:
+        if nbytes is not None:
+            have = _array_bytes(iface, what)
+            if have < nbytes:
+                raise NcclInvalidArgument(f"{what}: the call needs {nbytes} bytes (count x datatype size), "
+                                          f"the array has {have}")
+        addr = int(iface["data"][0])
+    elif hasattr(x, "ptr"):
+        addr = int(x.ptr)
+    else:
+        raise TypeError(
+            f"harp.nccl: cannot take the address of {type(x).__name__} (pass an int, an array, or .data.ptr)")
+    if getattr(_group, "depth", 0) > 0:
+        _group.keep.append(x)  # runs at groupEnd: the array must live until then
+    return addr
 
 
 def _stream(s) -> int:
@@ -241,12 +314,27 @@ def _to_uid(comm_id) -> _UniqueId:
     return uid
 
 
+# Python objects passed to calls inside a group (per thread): host-memory calls in a group run at
+# the outermost groupEnd, so their arrays are kept until it returns.
+_group = threading.local()
+
+
 def groupStart():
     _check(_L().ncclGroupStart())
+    if getattr(_group, "depth", 0) == 0:
+        _group.keep = []
+    _group.depth = getattr(_group, "depth", 0) + 1
 
 
 def groupEnd():
-    _check(_L().ncclGroupEnd())
+    try:
+        _check(_L().ncclGroupEnd())
+    finally:
+        d = getattr(_group, "depth", 0)
+        if d > 0:
+            _group.depth = d - 1
+            if d == 1:
+                _group.keep = []
 
 
 def get_last_error() -> str:
@@ -366,34 +454,70 @@ class NcclCommunicator:
         _check(_L().ncclCommGetAsyncError(self._c(), ctypes.byref(err)), self._comm)
         return err.value
 
+    # Every call checks its scalar arguments (integers, not bool or float) and, for array
+    # buffers, that each holds count x itemsize bytes (x nranks where the call says so).
+    def _nbytes(self, count, datatype, what="count"):
+        """count x itemsize, or None for a datatype the library will refuse (with its own text)."""
+        n, size = _count(count, what), _SIZES.get(_int(datatype, "datatype"))
+        return None if size is None else n * size
+
+    def _nranks(self) -> int:
+        n = getattr(self, "_size", None)
+        if n is None:
+            n = self._size = self.size()
+        return n
+
+    def _is(self, root) -> bool:
+        r = getattr(self, "_rank", None)
+        if r is None:
+            r = self._rank = self.rank_id()
+        return r == root
+
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream=0):
-        _check(_L().ncclAllReduce(_ptr(sendbuf), _ptr(recvbuf), count, datatype, op, self._c(), _stream(stream)),
-               self._comm)
+        nb = self._nbytes(count, datatype)
+        _check(_L().ncclAllReduce(_ptr(sendbuf, "allReduce: sendbuf", nb), _ptr(recvbuf, "allReduce: recvbuf", nb),
+                                  int(count), int(datatype), _int(op, "op"), self._c(), _stream(stream)), self._comm)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream=0):
-        _check(_L().ncclReduce(_ptr(sendbuf), _ptr(recvbuf), count, datatype, op, root, self._c(), _stream(stream)),
-               self._comm)
+        nb = self._nbytes(count, datatype)
+        root = _int(root, "root")
+        _check(_L().ncclReduce(_ptr(sendbuf, "reduce: sendbuf", nb),
+                               _ptr(recvbuf, "reduce: recvbuf", nb if self._is(root) else None), int(count), int(datatype),
+                               _int(op, "op"), root, self._c(), _stream(stream)), self._comm)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream=0):
-        _check(_L().ncclBroadcast(_ptr(sendbuff), _ptr(recvbuff), count, datatype, root, self._c(), _stream(stream)),
-               self._comm)
+        nb = self._nbytes(count, datatype)
+        root = _int(root, "root")
+        _check(_L().ncclBroadcast(_ptr(sendbuff, "broadcast: sendbuff", nb if self._is(root) else None),
+                                  _ptr(recvbuff, "broadcast: recvbuff", nb), int(count), int(datatype), root, self._c(),
+                                  _stream(stream)), self._comm)
 
     def bcast(self, buff, count, datatype, root, stream=0):
-        _check(_L().ncclBcast(_ptr(buff), count, datatype, root, self._c(), _stream(stream)), self._comm)
+        nb = self._nbytes(count, datatype)
+        _check(_L().ncclBcast(_ptr(buff, "bcast: buff", nb), int(count), int(datatype), _int(root, "root"), self._c(),
+                              _stream(stream)), self._comm)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream=0):
-        _check(_L().ncclReduceScatter(_ptr(sendbuf), _ptr(recvbuf), recvcount, datatype, op, self._c(),
-                                      _stream(stream)), self._comm)
+        nb = self._nbytes(recvcount, datatype, "recvcount")
+        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", None if nb is None else nb * self._nranks()),
+                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), int(recvcount), int(datatype),
+                                      _int(op, "op"), self._c(), _stream(stream)), self._comm)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream=0):
-        _check(_L().ncclAllGather(_ptr(sendbuf), _ptr(recvbuf), count, datatype, self._c(), _stream(stream)),
-               self._comm)
+        nb = self._nbytes(count, datatype)
+        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb),
+                                  _ptr(recvbuf, "allGather: recvbuf", None if nb is None else nb * self._nranks()), int(count), int(datatype),
+                                  self._c(), _stream(stream)), self._comm)
 
     def send(self, sendbuf, count, datatype, peer, stream=0):
-        _check(_L().ncclSend(_ptr(sendbuf), count, datatype, peer, self._c(), _stream(stream)), self._comm)
+        nb = self._nbytes(count, datatype)
+        _check(_L().ncclSend(_ptr(sendbuf, "send: sendbuf", nb), int(count), int(datatype), _int(peer, "peer"), self._c(),
+                             _stream(stream)), self._comm)
 
     def recv(self, recvbuf, count, datatype, peer, stream=0):
-        _check(_L().ncclRecv(_ptr(recvbuf), count, datatype, peer, self._c(), _stream(stream)), self._comm)
+        nb = self._nbytes(count, datatype)
+        _check(_L().ncclRecv(_ptr(recvbuf, "recv: recvbuf", nb), int(count), int(datatype), _int(peer, "peer"), self._c(),
+                             _stream(stream)), self._comm)
 
     # HARP extensions (NCCL C API functions CuPy does not wrap).
     def create_premul_sum(self, scalar, datatype, residence=NCCL_SCALAR_HOST_IMMEDIATE) -> int:
@@ -416,6 +540,6 @@ class NcclCommunicator:
 
 
 __all__ = [n for n in dir() if n.startswith("NCCL_")] + [
-    "NcclCommunicator", "NcclError", "get_unique_id", "get_version", "get_build_version", "groupStart", "groupEnd",
+    "NcclCommunicator", "NcclError", "NcclInvalidArgument", "get_unique_id", "get_version", "get_build_version", "groupStart", "groupEnd",
     "available", "get_last_error", "calls_served", "mem_alloc", "mem_free", "library_path",
 ]
