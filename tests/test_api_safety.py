@@ -626,3 +626,75 @@ def test_nccl_wrappers_check_sizes_and_arguments(transport):
         for (kind, *rest), word in zip(errs, names):
             assert kind == "NcclInvalidArgument" and word in rest[0] and rest[1], (kind, rest, word)
         assert group_ok and ok
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch backend: sizes come from the tensors; mismatched dtypes and split sizes are refused; async
+# works own their tensors until done
+
+def _torch(rank, size, url):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import harp.torch  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("harp", init_method=url, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=30))
+    errs = []
+    bad_calls = [
+        lambda: dist.reduce_scatter(torch.zeros(4, dtype=torch.float32),
+                                    [torch.zeros(4, dtype=torch.float64) for _ in range(size)]),
+        lambda: dist.all_to_all_single(torch.zeros(2 * size), torch.zeros(2 * size),
+                                       [2 * size + 1] + [-1] * (size - 1), [2] * size),
+        lambda: dist.all_to_all_single(torch.zeros(2 * size), torch.zeros(2 * size), [2] * size,
+                                       [1.5, 2.5] + [2] * (size - 2)),
+        lambda: dist.send(torch.zeros(2), (rank + 1) % size, tag=-1),
+        lambda: dist.send(torch.zeros(2), (rank + 1) % size, tag=2**32),
+        lambda: dist.recv(torch.zeros(2), rank),
+    ]
+    if size == 1:
+        bad_calls = [lambda: dist.scatter(torch.zeros(4, dtype=torch.float64), [torch.zeros(4, dtype=torch.float32)],
+                                          src=0)]
+    for call in bad_calls:
+        try:
+            call()
+            errs.append("no error")
+        except (ValueError, RuntimeError) as e:
+            errs.append(f"{type(e).__name__}: {e}")
+    # dropped async works on temporaries
+    kept, bad = [], []
+    for i in range(12):
+        n = 70_001 + i
+        dist.all_reduce(torch.full((n,), float(rank + i)), async_op=True)
+        out = torch.empty(n * size)
+        dist.all_gather_into_tensor(out, torch.full((n,), float(rank * 100 + i)), async_op=True)
+        kept.append((i, n, out))
+        if i % 3 == 2:
+            gc.collect()
+    gc.collect()
+    junk = [torch.full((70_001 + k,), -7.0) for k in range(12)]
+    dist.barrier()
+    for i, n, out in kept:
+        exp = torch.cat([torch.full((n,), float(r * 100 + i)) for r in range(size)])
+        if not torch.equal(out, exp):
+            bad.append(f"all_gather {i}")
+    if not all(bool((j == -7.0).all()) for j in junk):
+        bad.append("a tensor allocated after the calls was overwritten")
+    dist.destroy_process_group()
+    return errs, bad
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_torch_backend_refuses_mismatches_and_owns_async_tensors(transport, nranks, tmp_path):
+    pytest.importorskip("torch")
+    for errs, bad in run_ranks(nranks, _torch, f"file://{tmp_path}/store", env=_env(transport), timeout=300):
+        assert not bad, bad
+        want = ["dtype"] if nranks == 1 else ["dtype", "split sizes", "split sizes", "tag", "tag",
+                                                       "not another rank"]
+        assert len(errs) == len(want)
+        for e, w in zip(errs, want):
+            assert w in e.lower(), (e, w)

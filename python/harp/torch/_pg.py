@@ -36,7 +36,8 @@ from torch.futures import Future
 from torch._C import _distributed_c10d as _c10d
 
 from .. import _harp
-from .._types import Coll, DataType, ReduceOp
+from .._types import MAX_TAG, Coll, DataType, ReduceOp
+from .._types import is_int as _is_int
 from ..comm import Communicator
 from ..errors import HarpError
 from ._store import TorchStore
@@ -166,8 +167,19 @@ class ProcessGroupHarp(dist.ProcessGroup):
             raise UnsupportedError(f"harp {opname}: expects exactly one tensor per rank, got {len(tensors)}")
         return tensors[0]
 
+    def _peer(self, r, what, opname):
+        """Another rank's index: an int (not bool or float) in range and not this rank."""
+        if not _is_int(r) or not 0 <= r < self._size or r == self._rank:
+            raise ValueError(f"harp {opname}: {what} {r!r} is not another rank of {self._size}")
+        return int(r)
+
+    def _tag(self, tag, opname):
+        if not _is_int(tag) or not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"harp {opname}: tag {tag!r} must be an integer in [0, {MAX_TAG}]")
+        return int(tag)
+
     def _root(self, r, opname):
-        if not 0 <= r < self._size:
+        if not _is_int(r) or not 0 <= r < self._size:
             raise ValueError(f"harp {opname}: root {r} is out of range for {self._size} ranks")
         return r
 
@@ -358,6 +370,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if len(ins) != self._size:
             raise ValueError(f"harp reduce_scatter: input list has {len(ins)} tensors, expected {self._size}")
         self._check(ins, "reduce_scatter")
+        if any(t.dtype != out.dtype for t in ins):  # the call's datatype is the inputs': it must fit out
+            raise ValueError("harp reduce_scatter: output and input dtypes differ")
         sizes = [t.numel() for t in ins]
         if sizes[self._rank] != out.numel():
             raise ValueError(f"harp reduce_scatter: output has {out.numel()} elements, input slot {self._rank} "
@@ -440,9 +454,9 @@ class ProcessGroupHarp(dist.ProcessGroup):
                 if rows % p:
                     raise ValueError(f"harp all_to_all_single: {what} has {rows} rows, not divisible by {p} ranks")
                 splits = [rows // p] * p
-            if len(splits) != p or sum(splits) != rows:
-                raise ValueError(f"harp all_to_all_single: {what} split sizes {list(splits)} do not cover "
-                                 f"{rows} rows over {p} ranks")
+            if len(splits) != p or any(not _is_int(x) or x < 0 for x in splits) or sum(splits) != rows:
+                raise ValueError(f"harp all_to_all_single: {what} split sizes {list(splits)} are not {p} "
+                                 f"non-negative integers covering {rows} rows")
             c = [int(x) * row for x in splits]
             return c, [sum(c[:i]) for i in range(p)]
 
@@ -527,6 +541,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
             ins = self._one(input_tensors, "scatter")
             if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
                 raise ValueError(f"harp scatter: the root needs {self._size} input tensors of {out.numel()} elements")
+            if any(t.dtype != out.dtype for t in ins):  # the call's count and datatype are the output's
+                raise ValueError("harp scatter: output and input dtypes differ")
             self._check(ins, "scatter")
             flat = torch.cat([t.reshape(-1).cpu() for t in ins])
             keep.append(Staged(flat, read=True, write=False, op="scatter"))
@@ -587,12 +603,11 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "send")
-        if not 0 <= dst < self._size or dst == self._rank:
-            raise ValueError(f"harp send: destination {dst} is not another rank of {self._size}")
+        dst, tag = self._peer(dst, "destination", "send"), self._tag(tag, "send")
         s = Staged(t, read=True, write=False, op="send")
         lane = self._lane(self._rank, dst)
         w = self._issue(f"send to rank {dst}",
-                        lambda: [self._submit(lane, Coll.send, s.ptr, 0, s.count, s.dt, peer=dst, tag=tag & 0xffffffff)],
+                        lambda: [self._submit(lane, Coll.send, s.ptr, 0, s.count, s.dt, peer=dst, tag=tag)],
                         _ASYNC, tensors, [s], comm=lane)
         if self._anysource:
             self._store.add(f"harp_any/{dst}/{self._rank}/{tag}", 1)
@@ -603,8 +618,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "recv")
-        if not 0 <= src < self._size or src == self._rank:
-            raise ValueError(f"harp recv: source {src} is not another rank of {self._size}")
+        src, tag = self._peer(src, "source", "recv"), self._tag(tag, "recv")
         with self._lock:
             self._recvd[(src, tag)] = self._recvd.get((src, tag), 0) + 1
         w = self._recv_from(t, src, tag, tensors)
@@ -614,13 +628,14 @@ class ProcessGroupHarp(dist.ProcessGroup):
         s = Staged(t, read=False, write=True, op="recv")
         lane = self._lane(src, self._rank)
         w = self._issue(f"recv from rank {src}",
-                        lambda: [self._submit(lane, Coll.recv, 0, s.ptr, s.count, s.dt, peer=src, tag=tag & 0xffffffff)],
+                        lambda: [self._submit(lane, Coll.recv, 0, s.ptr, s.count, s.dt, peer=src, tag=tag)],
                         _ASYNC, result, [s], comm=lane)
         w._source = src
         return w
 
     def recv_anysource(self, tensors, tag=0):
         t = self._one(tensors, "recv_anysource")
+        tag = self._tag(tag, "recv_anysource")
         check_device(t, "recv_anysource")
         if not self._anysource:
             raise UnsupportedError("harp recv from any source is disabled (HARP_TORCH_ANYSOURCE=0)")
