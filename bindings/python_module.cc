@@ -1,7 +1,11 @@
 // bindings/python_module.cc — the `harp._harp` extension: a thin, pointer-based
 // layer over core/. Buffers arrive as integer addresses (numpy, torch, cupy
 // and the NCCL-style API all have them); python/harp/ turns arrays into
-// pointers, checks shapes and keeps buffers alive for async work.
+// pointers, checks shapes and keeps buffers alive for async work. `Comm.run`
+// and `Comm.submit` take raw addresses and counts: the caller (comm.py, the
+// torch backend) owns that count x dtypeSize(dtype) fits each buffer and that
+// the buffers live until the work completes. run_arrays takes arrays and
+// derives both itself.
 //
 // The GIL is released while a collective runs or is waited for. C++ errors
 // become the exception classes of harp.errors (by harp::Error::Kind).

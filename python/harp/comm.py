@@ -9,9 +9,22 @@ reduce at the root) or a new array is returned (allgather, gather, ...).
 
 ``async_op=True`` returns a :class:`Work`; its ``wait()`` returns the output.
 Collectives complete in issue order. The GIL is released while HARP works.
+Lifetime: the communicator owns an async call's buffers until the call has
+completed, whether or not the Work is kept (dropping the handle of
+``allreduce(tmp, async_op=True)`` cannot free ``tmp`` under the collective);
+finished calls' buffers are let go on a later call, or when the communicator
+object is collected (which first waits for its pending calls).
 Blocking allreduce/broadcast on plain C-contiguous numpy arrays are checked
 and started in C (``_harp.run_arrays``, about 1 us per call); every other
 call takes the general path below, which also words the errors.
+
+Arguments: ``dtype=`` reads a buffer as that datatype, and the element count
+is then the buffer's bytes / itemsize (a remainder is refused), so no call
+reads or writes past a buffer. ``op`` is a name ('sum', 'max', ...), a
+:class:`ReduceOp` or its integer code; ``root``, ``peer``, ``tag`` (0 to
+2**32-1) and alltoallv counts are integers (numpy integers too). bool and
+float are refused (``op=True`` is not prod, ``root=True`` is not rank 1):
+:class:`InvalidArgumentError` naming the argument.
 
 Threading: a Communicator may be shared between threads, but all ranks must
 issue collectives in the same order, so order your threads' calls yourself.
@@ -51,7 +64,7 @@ class Work:
     def __init__(self, work, result, keep):
         self._work = work
         self._result = result
-        self._keep = keep  # buffers stay alive until the work is done
+        self._keep = keep  # buffers stay alive until the work is done (the Communicator holds them too)
 
     def wait(self, timeout: Optional[float] = None):
         """Block until done (raises the collective's error); returns the output buffer.
