@@ -236,6 +236,8 @@ BAD_CALLS = [
     ("peer", lambda c, x: c.recv(x, c.rank)),
     ("timeout", lambda c, x: c.allreduce(x, timeout=True)),
     ("timeout", lambda c, x: c.allreduce(x, timeout=-1)),
+    ("color", lambda c, x: c.split(True)),
+    ("key", lambda c, x: c.split(0, key=1.5)),
 ]
 
 

@@ -404,7 +404,9 @@ class Communicator:
     def split(self, color: int, key: int | None = None) -> Optional["Communicator"]:
         """Collective: ranks with equal color form a new communicator ordered by (key, rank).
         color < 0 (e.g. harp.UNDEFINED) returns None on that rank."""
-        impl = self._c.split(int(color), int(self.rank if key is None else key))
+        color = check_int(color, "split: color", -2**31, 2**31 - 1)
+        key = check_int(self.rank if key is None else key, "split: key", -2**31, 2**31 - 1)
+        impl = self._c.split(color, key)
         return None if impl is None else Communicator(0, 0, _impl=impl)
 
     def abort(self, reason: str = "abort requested"):
