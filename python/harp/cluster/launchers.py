@@ -10,7 +10,9 @@ torchrun: one `torchrun` agent per host, c10d rendezvous at host 0:29400.
 mpirun:   Open MPI's mpirun started on host 0, reaching the other hosts with an
           rsh agent script that nsenters their namespaces; TCP BTL on eth0.
 Address-based launches (torchrun, mpirun) get HARP_SECRET, a fresh random
-value per job, as harp.init() needs it there; HARP_ADDR for mpirun.
+value per job, as harp.init() needs it there; HARP_ADDR for mpirun. Under harp
+and mpirun the arena also sets MASTER_ADDR/MASTER_PORT (host 0:29510), as job
+scripts on real clusters do, so init_process_group(rank=, world_size=) works.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from . import topology as topo
 LAUNCHERS = ("harp", "torchrun", "mpirun")
 TORCH_RDZV_PORT = 29400
 HARP_MPI_PORT = 29500
+TORCH_STORE_PORT = 29510
 
 
 @dataclass
@@ -87,7 +90,7 @@ def _mpirun(st, hosts, ppn, cmd, env):
     agent = mpi_agent(st, st["holders"])
     hostlist = ",".join(f"{topo.hostname(st['name'], i)}:{ppn}" for i in range(hosts))
     e = dict(env, HARP_ADDR=f"{topo.address(st['slot'], 0)}:{HARP_MPI_PORT}")
-    exported = [k for k in e if k.startswith(("HARP_", "PYTHON", "OMP_", "TORCH", "GLOO", "MKL_"))]
+    exported = [k for k in e if k.startswith(("HARP_", "PYTHON", "OMP_", "TORCH", "GLOO", "MKL_", "MASTER_"))]
     argv = ["mpirun", "--allow-run-as-root", "-np", str(hosts * ppn), "--host", hostlist, "--map-by", "slot",
             "--mca", "plm_rsh_agent", agent, "--mca", "btl", "tcp,vader,self", "--mca", "btl_tcp_if_include",
             "eth0", "--mca", "oob_tcp_if_include", "eth0", "--mca", "pml", "ob1", "--wdir", os.getcwd()]
@@ -100,6 +103,8 @@ def _mpirun(st, hosts, ppn, cmd, env):
 def plan(st, launcher, hosts, ppn, cmd, base_env, job, uid_hex=None):
     """Specs for one job; base_env already carries the job tag."""
     env = dict(base_env)
+    if launcher != "torchrun":
+        env.update(MASTER_ADDR=topo.address(st["slot"], 0), MASTER_PORT=str(TORCH_STORE_PORT))
     if launcher != "harp":
         env["HARP_SECRET"] = secrets.token_hex(16)
     if launcher == "harp":
