@@ -311,3 +311,33 @@ def test_up_status_down_from_other_processes():
         d = _cli("down", "--name", name)
     assert d.returncode == 0, d.stderr
     assert _leftovers(name, 2) == []
+
+
+def test_flow_cap_and_jumbo_mtu_are_configured():
+    why = _skip_reason()
+    if why:
+        pytest.skip(why)
+    name = _name("m")
+    st = net.up(name, 3, rate="2gbit", mtu=9000, flow_cap="300mbit")
+    try:
+        ns = topo.host_ns(name, 0)
+        link = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "eth0"], capture_output=True, text=True).stdout
+        assert "mtu 9000" in link, link
+        classes = subprocess.run(["tc", "-n", ns, "class", "show", "dev", "eth0"], capture_output=True,
+                                 text=True).stdout
+        # one class per other host capped at 300 Mbit/s, under the 2 Gbit/s uplink
+        assert classes.count("ceil 300Mbit") == 2 and "rate 2Gbit" in classes, classes
+        filters = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", "eth0"], capture_output=True,
+                                 text=True).stdout
+        for peer in (1, 2):
+            hexaddr = "".join(f"{int(o):02x}" for o in topo.address(st["slot"], peer).split("."))
+            assert f"match {hexaddr}/ffffffff at 16" in filters, filters
+        down_q = subprocess.run(["tc", "-n", topo.switch_ns(name), "qdisc", "show", "dev", "h0n0"],
+                                capture_output=True, text=True).stdout
+        assert "tbf" in down_q and "2Gbit" in down_q, down_q
+    finally:
+        net.down(st)
+    assert _leftovers(name, 3) == []
+    with pytest.raises(ValueError, match="rate"):
+        net.up(name, 2, rate="fast")
+    assert _leftovers(name, 2) == []
