@@ -172,7 +172,9 @@ def _signal_all(pids, sig):
 def kill_host_processes(st, grace=2.0):
     """SIGTERM then SIGKILL every process inside the cluster's namespaces (ranks, daemons, holders)."""
     names = [topo.host_ns(st["name"], i) for i in range(st["hosts"])] + [topo.switch_ns(st["name"])]
-    pids = {p for n in names for p in ns_pids(n)} | set(st.get("holders", []))
+    # Only processes found inside the namespaces: a recorded holder pid that is no longer
+    # there may have been reused by an unrelated process.
+    pids = {p for n in names for p in ns_pids(n)}
     pids.discard(os.getpid())
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
