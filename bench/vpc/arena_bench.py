@@ -1,0 +1,139 @@
+"""HARP vs gloo vs Open MPI allreduce across arena hosts, against the measured link rate.
+
+    python3 bench/vpc/arena_bench.py --hosts 2,4 --rate 1gbit --repeat 3 --out bench/vpc/results/allreduce.json
+
+Brings up (or reuses) arena cluster --name (default vpc) with max(--hosts)
+hosts, measures the link payload rate with a single TCP stream (linkrate.py,
+3 times), then for each host count and each repetition runs the harp-bench
+worker (python -m harp.bench.workers harp|gloo|mpi) as one rank per host:
+HARP and gloo under the arena's harp launcher (HARP_UNIQUE_ID; gloo uses the
+MASTER_ADDR/RANK the launcher also sets, GLOO_SOCKET_IFNAME=eth0), Open MPI
+(mpi4py, TCP BTL) under the arena's mpirun. Two sweeps per library: latency
+(8 B, --lat-iters) and bandwidth (1 MB .. 64 MB x4, --bw-iters). Reports
+median and spread over repetitions, busbw in MB/s and as a fraction of the
+link rate. Writes one JSON with a provenance stamp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.join(HERE, "..", "..", "python")
+sys.path.insert(0, PYDIR)
+sys.path.insert(0, HERE)
+from harp.bench import sweep  # noqa: E402
+from harp.cluster import net, topology as topo  # noqa: E402
+import linkrate  # noqa: E402
+from stamp import stamp  # noqa: E402
+
+LIBS = {"harp": "harp", "gloo": "harp", "mpi": "mpirun"}   # library -> arena launcher
+
+
+def worker_args(out, minb, maxb, factor, iters, warmup):
+    return {"coll": "allreduce", "minbytes": minb, "maxbytes": maxb, "factor": factor, "step": 0, "iters": iters,
+            "warmup": warmup, "check": 1, "dtype": "float32", "op": "sum", "root": 0, "algo": None,
+            "transport": None, "out": out, "progress": False}
+
+
+def run_lib(name, lib, hosts, wargs, timeout):
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher",
+           LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m", "harp.bench.workers", lib,
+           json.dumps(wargs)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
+    if r.returncode:
+        raise RuntimeError(f"{lib} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
+    with open(wargs["out"]) as f:
+        return json.load(f)
+
+
+def time_of(row):
+    return row.get("ip_us") or row.get("oop_us")
+
+
+def summarise(runs, hosts, link):
+    """runs[lib] = list over repetitions of {size: us}; -> per size: median/min/max us, busbw, fraction."""
+    out = {}
+    for lib, reps in runs.items():
+        out[lib] = {}
+        for size in sorted(reps[0]):
+            ts = [r[size] for r in reps if r.get(size)]
+            med = statistics.median(ts)
+            bw = size / (med * 1e-6) / 1e6 * sweep.bus_factor("allreduce", hosts)
+            out[lib][size] = {"us_median": med, "us_min": min(ts), "us_max": max(ts), "busbw_MBps": bw,
+                              "busbw_over_link": bw / link if size >= 1 << 20 else None}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="vpc")
+    ap.add_argument("--hosts", default="2,4")
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--libs", default="harp,gloo,mpi")
+    ap.add_argument("--lat-iters", type=int, default=200)
+    ap.add_argument("--bw-iters", type=int, default=5)
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    hosts_list = [int(x) for x in a.hosts.split(",")]
+    libs = a.libs.split(",")
+    st = topo.load(a.name)
+    made = st is None
+    if made:
+        st = net.up(a.name, max(hosts_list), rate=a.rate)
+    try:
+        record = {"stamp_before": stamp(), "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")},
+                  "command": " ".join(sys.argv), "link_MBps": [linkrate.measure(st, 1, 0) for _ in range(3)]}
+        link = statistics.median(record["link_MBps"])
+        print(f"# link payload rate (single TCP stream, host1->host0): {record['link_MBps']} MB/s, median {link:.1f}",
+              flush=True)
+        record["by_hosts"] = {}
+        tmp = tempfile.mkdtemp(prefix="arena-bench-")
+        for h in hosts_list:
+            runs = {lib: [] for lib in libs}
+            for rep in range(a.repeat):
+                for lib in libs:
+                    times = {}
+                    for tag, (mn, mx, f, it, wu) in {"lat": (8, 8, 2, a.lat_iters, 20),
+                                                     "bw": (1 << 20, 64 << 20, 4, a.bw_iters, 2)}.items():
+                        wa = worker_args(os.path.join(tmp, f"{lib}-{h}-{rep}-{tag}.json"), mn, mx, f, it, wu)
+                        res = run_lib(a.name, lib, h, wa, a.timeout)
+                        wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
+                        if wrong:
+                            raise RuntimeError(f"{lib}: {wrong} wrong values at {h} hosts")
+                        times.update({r["size"]: time_of(r) for r in res["rows"]})
+                    runs[lib].append(times)
+                    print(f"# {h} hosts rep {rep} {lib}: " + ", ".join(f"{s}B {t:.1f}us" for s, t in
+                                                                       sorted(times.items())), flush=True)
+            summ = summarise(runs, h, link)
+            record["by_hosts"][h] = {"runs": runs, "summary": summ}
+            print_summary(h, summ, link)
+        record["stamp_after"] = stamp()
+        with open(a.out, "w") as f:
+            json.dump(record, f, indent=1)
+    finally:
+        if made:
+            net.down(st)
+
+
+def print_summary(h, summ, link):
+    print(f"## allreduce float32, {h} hosts x 1 rank, link {link:.1f} MB/s")
+    print(f"{'lib':>5} {'size':>10} {'median us':>12} {'min..max us':>22} {'busbw MB/s':>11} {'/link':>6}")
+    for lib, rows in summ.items():
+        for size, r in rows.items():
+            frac = f"{r['busbw_over_link']:.3f}" if r["busbw_over_link"] else ""
+            print(f"{lib:>5} {size:>10} {r['us_median']:12.1f} {r['us_min']:10.1f}..{r['us_max']:<10.1f} "
+                  f"{r['busbw_MBps']:11.2f} {frac:>6}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""DDP training over gloo and HARP at 1, 2, 4 arena hosts: samples/s and scaling efficiency;
+and the same script under each launcher (loss must match the gloo run's).
+
+    python3 bench/vpc/train_bench.py --hosts 1,2,4 --repeat 2 --out bench/vpc/results/ddp.json
+    python3 bench/vpc/train_bench.py --launchers-only --hosts 3 --out bench/vpc/results/ddp-launchers.json
+
+Runs bench/vpc/ddp_train.py (one rank per host, OMP_NUM_THREADS=1) on arena
+cluster --name (brought up with max(--hosts) hosts if not up). Efficiency at
+H hosts = samples/s(H) / (H x samples/s(1)) with the same backend, medians
+over repetitions. Writes one JSON with a provenance stamp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.abspath(os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, PYDIR)
+sys.path.insert(0, HERE)
+from harp.cluster import net, topology as topo  # noqa: E402
+from stamp import stamp  # noqa: E402
+
+
+def train(name, hosts, backend, launcher, steps, warmup, timeout=900):
+    env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
+    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher", launcher,
+           "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
+           "--steps", str(steps), "--warmup", str(warmup)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("TRAIN ")]
+    if r.returncode or not lines:
+        raise RuntimeError(f"{backend}/{launcher} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
+    rec = json.loads(lines[-1][6:])
+    rec["launcher"] = launcher
+    print(f"# {hosts} hosts {backend:>4} via {launcher:<8}: {rec['samples_per_s']:7.2f} samples/s, "
+          f"loss {rec['final_loss']:.6f}", flush=True)
+    return rec
+
+
+def scaling(a, name, hosts_list):
+    runs = {b: {h: [] for h in hosts_list} for b in ("gloo", "harp")}
+    for rep in range(a.repeat):
+        for h in hosts_list:
+            for b in ("gloo", "harp"):
+                runs[b][h].append(train(name, h, b, "harp", a.steps, a.warmup))
+    summary = {}
+    for b, by_h in runs.items():
+        base = statistics.median(r["samples_per_s"] for r in by_h[hosts_list[0]]) * 1.0
+        summary[b] = {}
+        for h, recs in by_h.items():
+            sps = [r["samples_per_s"] for r in recs]
+            med = statistics.median(sps)
+            summary[b][h] = {"samples_per_s_median": med, "min": min(sps), "max": max(sps),
+                             "efficiency_vs_1_host": med / (h * base) if hosts_list[0] == 1 else None}
+    print("## DDP MLP 25.2 M params, batch 16/rank: samples/s (median, min..max) and scaling efficiency")
+    for b, rows in summary.items():
+        for h, s in rows.items():
+            eff = f"{s['efficiency_vs_1_host']:.3f}" if s["efficiency_vs_1_host"] is not None else ""
+            print(f"{b:>5} {h} hosts {s['samples_per_s_median']:8.2f} ({s['min']:.2f}..{s['max']:.2f}) eff {eff}")
+    return {"runs": runs, "summary": summary}
+
+
+def launchers(a, name, hosts):
+    recs = [train(name, hosts, "gloo", "harp", a.steps, a.warmup)]
+    for launcher in ("harp", "torchrun", "mpirun"):
+        recs.append(train(name, hosts, "harp", launcher, a.steps, a.warmup))
+    ref = recs[0]["final_loss"]
+    for r in recs:
+        r["loss_rel_diff_vs_gloo"] = abs(r["final_loss"] - ref) / abs(ref)
+    return recs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="vpc")
+    ap.add_argument("--hosts", default="1,2,4")
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--launchers-only", action="store_true")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    hosts_list = [int(x) for x in a.hosts.split(",")]
+    st = topo.load(a.name)
+    made = st is None
+    if made:
+        st = net.up(a.name, max(hosts_list), rate=a.rate)
+    try:
+        rec = {"stamp_before": stamp(), "command": " ".join(sys.argv),
+               "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")}}
+        if a.launchers_only:
+            rec["launchers"] = launchers(a, a.name, hosts_list[0])
+        else:
+            rec["scaling"] = scaling(a, a.name, hosts_list)
+        rec["stamp_after"] = stamp()
+        with open(a.out, "w") as f:
+            json.dump(rec, f, indent=1)
+    finally:
+        if made:
+            net.down(st)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""harp-cluster: command line of the VPC arena (see harp.cluster).
+
+    harp-cluster up --hosts 4 [--rate 1gbit] [--mtu 1500] [--nics 1|2] [--flow-cap RATE] [--congestion bbr]
+    harp-cluster run --hosts 4 --ppn 1 [--launcher harp|torchrun|mpirun] [--timeout S] -- CMD ...
+    harp-cluster status [--json]
+    harp-cluster down [--all]
+
+`run` uses the cluster `--name` (default "arena") when it is up; otherwise it
+brings up an ephemeral one with the `up` options given and takes it down when
+the job ends (also on Ctrl-C, errors, and SIGKILL through a detached reaper).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from . import launchers
+from . import net
+from . import runner
+from . import topology as topo
+
+
+def _up_opts(ap, hosts_required):
+    ap.add_argument("--hosts", type=int, required=hosts_required, help="number of emulated hosts")
+    ap.add_argument("--rate", default="1gbit", help="each host's uplink rate, both directions (default 1gbit)")
+    ap.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000])
+    ap.add_argument("--nics", type=int, default=1, choices=[1, 2], help="NICs (addresses, bridges) per host")
+    ap.add_argument("--flow-cap", help="cap on traffic from one host to each other host (htb per host pair; "
+                                       "this kernel has no fq, so not per TCP flow)")
+    ap.add_argument("--congestion", choices=["bbr", "cubic", "reno"], help="TCP congestion control in every host")
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="harp-cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--name", default=os.environ.get("HARP_CLUSTER_NAME", "arena"),
+                        help="cluster name (default arena, or $HARP_CLUSTER_NAME)")
+    sub = ap.add_subparsers(dest="verb", required=True)
+    _up_opts(sub.add_parser("up", parents=[common], help="create the emulated hosts"), True)
+    r = sub.add_parser("run", parents=[common], help="run a command on the hosts through a real launcher")
+    _up_opts(r, True)
+    r.add_argument("--ppn", type=int, default=1, help="ranks per host (default 1)")
+    r.add_argument("--launcher", default="harp", choices=launchers.LAUNCHERS)
+    r.add_argument("--timeout", type=float, help="stop the job after this many seconds (exit status 124)")
+    r.add_argument("--grace", type=float, default=5.0, help="seconds the other ranks get after one fails")
+    r.add_argument("cmd", nargs=argparse.REMAINDER)
+    s = sub.add_parser("status", parents=[common], help="hosts, rates, and the processes on each")
+    s.add_argument("--json", action="store_true")
+    d = sub.add_parser("down", parents=[common], help="remove the cluster (namespaces, links, qdiscs, processes)")
+    d.add_argument("--all", action="store_true", help="every arena cluster on this machine")
+    rp = sub.add_parser("_reap", parents=[common])
+    rp.add_argument("--pid", type=int, required=True)
+    rp.add_argument("--job", required=True)
+    rp.add_argument("--down")
+    return ap
+
+
+def _status(st):
+    out = {k: st[k] for k in ("name", "hosts", "rate", "mtu", "nics", "flow_cap", "congestion", "state")}
+    out["hosts_detail"] = []
+    for i in range(st["hosts"]):
+        ns = topo.host_ns(st["name"], i)
+        procs = []
+        for pid in net.ns_pids(ns):
+            if pid in st.get("holders", []):
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    procs.append({"pid": pid, "cmd": f.read().replace(b"\0", b" ").decode(errors="replace")[:120]})
+            except OSError:
+                pass
+        out["hosts_detail"].append({"host": i, "netns": ns, "hostname": topo.hostname(st["name"], i),
+                                    "addrs": [topo.address(st["slot"], i, j) for j in range(st["nics"])],
+                                    "processes": procs})
+    return out
+
+
+def cmd_status(a):
+    states = topo.all_states()
+    rows = [_status(st) for st in states.values()]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no arena cluster is up")
+    for c in rows:
+        print(f"cluster {c['name']}: {c['hosts']} hosts, {c['rate']} uplinks, mtu {c['mtu']}, {c['nics']} nic(s)"
+              f"{', flow cap ' + c['flow_cap'] if c['flow_cap'] else ''}"
+              f"{', ' + c['congestion'] if c['congestion'] else ''} [{c['state']}]")
+        for h in c["hosts_detail"]:
+            print(f"  host {h['host']} {h['hostname']:<14} {' '.join(h['addrs']):<16} "
+                  f"{len(h['processes'])} process(es)")
+            for p in h["processes"]:
+                print(f"      {p['pid']:>7} {p['cmd']}")
+    return 0
+
+
+def cmd_down(a):
+    names = list(topo.all_states()) if a.all else [a.name]
+    rc = 0
+    for n in names:
+        st = topo.load(n)
+        if not st:
+            print(f"harp-cluster: no cluster '{n}' is up", file=sys.stderr)
+            continue
+        for p in net.down(st):
+            print(f"harp-cluster: could not remove {p}", file=sys.stderr)
+            rc = 1
+    return rc
+
+
+def cmd_run(a):
+    cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
+    if not cmd:
+        print("harp-cluster run: no command given (harp-cluster run --hosts 2 -- python x.py)", file=sys.stderr)
+        return 2
+    st = topo.load(a.name)
+    ephemeral = st is None
+    if ephemeral:
+        st = net.up(a.name, a.hosts, a.rate, a.mtu, a.nics, a.flow_cap, a.congestion)
+        st["owner_pid"] = os.getpid()
+        topo.save(st)
+    try:
+        return runner.run(st, a.launcher, a.hosts, a.ppn, cmd, timeout=a.timeout, grace=a.grace)
+    finally:
+        if ephemeral:
+            net.down(st)
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
+    if a.verb != "_reap":
+        topo.check_name(a.name)
+    if a.verb in ("up", "run", "down") and os.geteuid() != 0:
+        print("harp-cluster: needs root (network, UTS and mount namespaces)", file=sys.stderr)
+        sys.exit(1)
+    if a.verb in ("up", "run"):
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, runner._raise_interrupt)
+    try:
+        if a.verb == "up":
+            st = net.up(a.name, a.hosts, a.rate, a.mtu, a.nics, a.flow_cap, a.congestion)
+            print(f"cluster {st['name']} up: {st['hosts']} hosts at {topo.subnet(st['slot'])}, {st['rate']} uplinks")
+            rc = 0
+        elif a.verb == "run":
+            rc = cmd_run(a)
+        elif a.verb == "status":
+            rc = cmd_status(a)
+        elif a.verb == "down":
+            rc = cmd_down(a)
+        else:
+            runner.reap(a.pid, a.job, a.down)
+            rc = 0
+    except KeyboardInterrupt:
+        rc = 130
+    except (RuntimeError, ValueError) as e:
+        print(f"harp-cluster: {e}", file=sys.stderr)
+        rc = 1
+    sys.exit(rc)
