@@ -36,3 +36,26 @@ def test_debug_info_names_transport_per_peer_and_algorithm(tmp_path):
     assert "rank 0 -> rank 1" in err and "transport tcp" in err
     assert "allreduce: algorithm recursive_doubling" in err
     assert "allreduce: algorithm ring" in err
+
+
+def test_harp_config_transports_says_module_and_usability():
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--json"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    table = {t["name"]: t for t in json.loads(r.stdout)["transports"]}
+    assert [(n, p, w) for n, p, w in harp.transports()] == [(t["name"], t["priority"], t["why"])
+                                                             for t in table.values()]
+    assert table["tcp"]["provided"] == table["shm"]["provided"] == "built in"
+    for name in ("verbs", "dpdk"):
+        t = table[name]
+        assert t["provided"] == "module" and t["module"].endswith(f"/libharp-{name}.so")
+        assert t["loaded"] or t["why"], t  # not loaded always comes with a reason
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--transports"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(table)
+    for line, t in zip(lines, table.values()):
+        assert line.split()[1] == t["name"]
+        assert ("unavailable: " + t["why"]) in line if t["why"] else line.endswith("available")

@@ -80,7 +80,7 @@ def _nccl_include(libdir):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="harp-config")
-    ap.add_argument("--version", action="version", version=f"harp {__version__}")
+    ap.add_argument("--version", action="version", version=f"harp-config (harp {__version__})")
     ap.add_argument("--transports", action="store_true", help="list transports: module loaded? usable here? why not?")
     ap.add_argument("--json", action="store_true", help="print version, paths and transports as JSON")
     ap.add_argument("--nccl-lib", action="store_true", help="print the path of libharp-nccl.so (for LD_PRELOAD)")
