@@ -10,5 +10,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh "$@"
 VENV=${HARP_VENV:-.venv}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+if command -v ccache >/dev/null 2>&1; then  # faster rebuilds where ccache is installed
+  export CCACHE_BASEDIR="$PWD" CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
+fi
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps . </dev/null
 "$VENV/bin/harp-config" --version
