@@ -104,7 +104,7 @@ def run_gloo(a, tmp):
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("# gloo: torch is not installed; skipped", file=sys.stderr)
+        print("# gloo: torch is not installed (bash scripts/install-deps.sh --compare); skipped", file=sys.stderr)
         return None
     out = os.path.join(tmp, "gloo.json")
     cmd = [sys.executable, "-m", "harp.bench.workers", "gloo", json.dumps(worker_args(a, out))]
@@ -128,7 +128,7 @@ def run_mpi(a, tmp):
     except ImportError:
         mpirun = None
     if not mpirun:
-        print("# mpi: mpirun or mpi4py missing; skipped", file=sys.stderr)
+        print("# mpi: mpirun or mpi4py missing (bash scripts/install-deps.sh --compare); skipped", file=sys.stderr)
         return None
     out = os.path.join(tmp, "mpi.json")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
