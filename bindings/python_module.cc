@@ -252,6 +252,12 @@ PYBIND11_MODULE(_harp, m) {
       out.emplace_back(s.name, s.priority, s.unavailable ? s.unavailable() : "");
     return out;
   });
+  // [(name, path, loaded, why_not)] for each optional transport module (harp-config).
+  m.def("transport_modules", [] {
+    std::vector<std::tuple<std::string, std::string, bool, std::string>> out;
+    for (const auto& mod : transport::transportModules()) out.emplace_back(mod.name, mod.path, mod.loaded, mod.error);
+    return out;
+  });
   m.def("host_id", [] { return thisHost().host_id; });
   // Local reduction, for tests of the kernels themselves.
   m.def("reduce_local", [](uintptr_t out, uintptr_t a, uintptr_t b, size_t n, int dt, int op) {

@@ -18,5 +18,8 @@ fi
 ninja -C build/dev -j"${JOBS:-2}"
 rm -f python/harp/*.so
 cp build/dev/libharp.so python/harp/
+# Optional transport modules (libharp-verbs.so, libharp-dpdk.so), loaded with
+# dlopen from the directory of libharp.so.
+find build/dev -maxdepth 1 -name 'libharp-*.so' ! -name 'libharp-nccl.so' -exec cp {} python/harp/ \;
 find build/dev/bindings -maxdepth 1 -name '*.so' -exec cp {} python/harp/ \;
 cp build/dev/libharp-nccl.so python/harp/ 2>/dev/null || true

@@ -57,3 +57,45 @@ def test_bad_flags_are_reported():
     r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "-d", "complex"], capture_output=True,
                        text=True, env=ENV)
     assert r.returncode != 0 and "unknown datatype 'complex'" in r.stderr
+
+
+def test_table_and_json_record_transport_and_algorithm_used(tmp_path):
+    js = tmp_path / "r.json"
+    env_transport = {"tcp": "tcp", "shm": "shm"}
+    for tp in env_transport:
+        out = bench("allreduce", "-np", "3", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "--transport", tp,
+                    "--json", str(js))
+        assert "transport algorithm" in out
+        data = json.loads(js.read_text())["results"]["harp"]
+        assert data["transport"] == tp
+        known = set(__import__("harp")._harp.algorithms("allreduce").split(", "))
+        for r, row in zip(rows(out), data["rows"]):
+            assert row["transport"] == tp and r[13] == tp, (row, r)
+            assert row["algo"] in known and r[14] == row["algo"], (row, known)
+    out = bench("allreduce", "-np", "3", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--algo", "ring", "--transport",
+                "tcp")
+    assert rows(out)[0][13:] == ["tcp", "ring"]
+
+
+def test_progress_is_plain_lines_when_output_is_not_a_terminal():
+    r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "2",
+                        "-n", "2", "-w", "1"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stdout + r.stderr
+    assert "[harp] 4/4 sizes" in r.stderr
+
+
+def test_every_console_script_answers_version():
+    """Each [project.scripts] entry of pyproject.toml (harp-cluster too, once it is there)."""
+    import tomllib
+
+    import harp
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["scripts"]
+    assert {"harp-bench", "harp-run", "harp-config"} <= set(scripts)
+    for name, target in scripts.items():
+        mod, fn = target.split(":")
+        code = f"import sys; sys.argv = [{name!r}, '--version']; from {mod} import {fn}; {fn}()"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+        assert r.returncode == 0 and f"harp {harp.__version__}" in r.stdout, (name, r.stdout, r.stderr)

@@ -36,3 +36,49 @@ def test_debug_info_names_transport_per_peer_and_algorithm(tmp_path):
     assert "rank 0 -> rank 1" in err and "transport tcp" in err
     assert "allreduce: algorithm recursive_doubling" in err
     assert "allreduce: algorithm ring" in err
+
+
+def test_harp_config_transports_says_module_and_usability():
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--json"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    table = {t["name"]: t for t in json.loads(r.stdout)["transports"]}
+    assert [(n, p, w) for n, p, w in harp.transports()] == [(t["name"], t["priority"], t["why"])
+                                                             for t in table.values()]
+    assert table["tcp"]["provided"] == table["shm"]["provided"] == "built in"
+    for name in ("verbs", "dpdk"):
+        t = table[name]
+        assert t["provided"] == "module" and t["module"].endswith(f"/libharp-{name}.so")
+        assert t["loaded"] or t["why"], t  # not loaded always comes with a reason
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--transports"], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(table)
+    for line, t in zip(lines, table.values()):
+        assert line.split()[1] == t["name"]
+        assert ("unavailable: " + t["why"]) in line if t["why"] else line.endswith("available")
+
+
+def test_examples_run(tmp_path):
+    """The README's first and third ways in: examples/allreduce.py under harp-run, and
+    examples/nccl_allreduce.c built against HARP's nccl.h and libharp-nccl.so."""
+    import shutil
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "3", os.path.join(root, "examples", "allreduce.py")],
+                       capture_output=True, text=True, env=ENV, timeout=180)
+    assert r.returncode == 0 and "3 ranks, sum = 3 everywhere" in r.stdout, r.stdout + r.stderr
+    cc = shutil.which("cc") or shutil.which("gcc")
+    libdir = os.path.dirname(harp.__file__)
+    if not cc or not os.path.exists(os.path.join(libdir, "libharp-nccl.so")):
+        return
+    inc = subprocess.run([sys.executable, "-m", "harp.config", "--nccl-include"], capture_output=True, text=True,
+                         env=ENV, timeout=60).stdout.strip()
+    exe = str(tmp_path / "nccl_allreduce")
+    subprocess.run([cc, os.path.join(root, "examples", "nccl_allreduce.c"), f"-I{inc}", "-o", exe, f"-L{libdir}",
+                    "-l:libharp-nccl.so", f"-Wl,-rpath,{libdir}"], check=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "2", exe], capture_output=True, text=True, env=ENV,
+                       timeout=180)
+    assert r.returncode == 0 and "2 ranks, sum 3 everywhere" in r.stdout, r.stdout + r.stderr

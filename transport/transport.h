@@ -142,11 +142,14 @@ class Transport {
 
 // ---------------------------------------------------------------------------
 // Registry. Each transport's folder registers itself with one line:
-//   HARP_REGISTER_TRANSPORT(tcp, /*priority=*/10, reachable_fn, factory_fn)
-// and is listed in transport/CMakeLists.txt. The communicator picks, per peer,
-// the available transport of highest priority whose `reachable` says yes
-// (shared memory for a peer on the same host, TCP for the rest), unless
-// HARP_TRANSPORT names one.
+//   HARP_REGISTER_TRANSPORT(spec_expr)
+// and is listed in transport/CMakeLists.txt. Built-in transports (tcp, shm)
+// register when libharp.so loads. In an optional transport's runtime module
+// (compiled with HARP_TRANSPORT_MODULE) the same line defines the module's one
+// exported C symbol, harp_transport_register(abi), which transport/registry.cc
+// calls after dlopen. The communicator picks, per peer, the available
+// transport of highest priority whose `reachable` says yes (shared memory for
+// a peer on the same host, TCP for the rest), unless HARP_TRANSPORT names one.
 struct TransportSpec {
   std::string name;
   int priority = 0;
@@ -158,13 +161,39 @@ struct TransportSpec {
 };
 
 int registerTransport(TransportSpec spec);
+// Every transport: the built-in ones, then one entry per optional module —
+// loaded, or a placeholder whose unavailable() says why it is not (module not
+// built, or dlopen failed: the dlerror text). Modules are loaded on the first
+// call; thread-safe.
 const std::vector<TransportSpec>& registeredTransports();
 const TransportSpec* findTransport(const std::string& name);
 
+// What became of each optional transport module (for harp-config).
+struct ModuleStatus {
+  std::string name;
+  std::string path;   // where it was looked for (next to libharp.so)
+  bool loaded = false;
+  std::string error;  // why not loaded ("" when loaded)
+};
+const std::vector<ModuleStatus>& transportModules();
+
+// Bumped whenever TransportSpec or Transport change layout; a module built for
+// another value is refused with a message saying so.
+#define HARP_TRANSPORT_ABI 1
+
 #define HARP_REGISTER_TRANSPORT_CONCAT2(a, b) a##b
 #define HARP_REGISTER_TRANSPORT_CONCAT(a, b) HARP_REGISTER_TRANSPORT_CONCAT2(a, b)
+#ifdef HARP_TRANSPORT_MODULE
+#define HARP_REGISTER_TRANSPORT(spec_expr)                                                  \
+  extern "C" __attribute__((visibility("default"))) int harp_transport_register(int abi) { \
+    if (abi != HARP_TRANSPORT_ABI) return HARP_TRANSPORT_ABI;                              \
+    ::harp::transport::registerTransport(spec_expr);                                       \
+    return 0;                                                                              \
+  }
+#else
 #define HARP_REGISTER_TRANSPORT(spec_expr)                                            \
   static const int HARP_REGISTER_TRANSPORT_CONCAT(harp_transport_reg_, __LINE__) = \
       ::harp::transport::registerTransport(spec_expr)
+#endif
 
 }  // namespace harp::transport

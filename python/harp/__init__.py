@@ -12,7 +12,7 @@ See README.md for the launchers, environment variables and the other APIs
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from . import _harp
 from ._types import DataType, ReduceOp

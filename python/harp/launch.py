@@ -72,6 +72,9 @@ def spawn(nranks, cmd, env_extra=None, grace=5.0, quiet=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="harp-run", description="Start N local HARP ranks of a program.")
+    from ._version import __version__
+
+    ap.add_argument("--version", action="version", version=f"harp-run (harp {__version__})")
     ap.add_argument("-n", "--nranks", type=int, required=True, help="number of local ranks")
     ap.add_argument("--transport", help="force a transport (sets HARP_TRANSPORT)")
     ap.add_argument("--grace", type=float, default=5.0, help="seconds to let other ranks finish after a failure")

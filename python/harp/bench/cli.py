@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from . import sweep
+from .._version import __version__
 
 
 def _free_port():
@@ -38,6 +39,7 @@ def _under_launcher():
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="harp-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"harp-bench (harp {__version__})")
     ap.add_argument("collective", choices=sweep.COLLECTIVES)
     ap.add_argument("-np", "--nranks", type=int, default=2, help="local ranks to start when no launcher did (default 2)")
     ap.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
@@ -55,7 +57,8 @@ def parse(argv):
     ap.add_argument("--compare", default="", help="comma list of peers to run the same sweep through: gloo,mpi")
     ap.add_argument("--json", help="write all results as JSON to this file")
     ap.add_argument("--csv", action="store_true", help="print CSV instead of the nccl-tests table")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (default: a \\r line on a terminal, plain lines otherwise)")
     a = ap.parse_args(argv)
     a.minbytes, a.maxbytes, a.stepbytes = (sweep.parse_size(a.minbytes), sweep.parse_size(a.maxbytes),
                                            sweep.parse_size(a.stepbytes))
@@ -75,7 +78,14 @@ def worker_args(a, out):
     return {"coll": a.collective, "minbytes": a.minbytes, "maxbytes": a.maxbytes, "factor": a.stepfactor,
             "step": a.stepbytes, "iters": a.iters, "warmup": a.warmup_iters, "check": a.check,
             "dtype": sweep.TYPES[a.datatype], "op": a.op, "root": a.root, "algo": a.algo,
-            "transport": a.transport, "out": out, "progress": not a.no_progress}
+            "transport": a.transport, "out": out, "progress": progress_mode(a)}
+
+
+def progress_mode(a):
+    """'tty' (\\r-overwritten line) only when both outputs are terminals; 'lines' in logs and pipes."""
+    if a.no_progress:
+        return "none"
+    return "tty" if sys.stdout.isatty() and sys.stderr.isatty() else "lines"
 
 
 def run_harp(a, tmp):
@@ -94,7 +104,7 @@ def run_gloo(a, tmp):
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("# gloo: torch is not installed; skipped", file=sys.stderr)
+        print("# gloo: torch is not installed (bash scripts/install-deps.sh --compare); skipped", file=sys.stderr)
         return None
     out = os.path.join(tmp, "gloo.json")
     cmd = [sys.executable, "-m", "harp.bench.workers", "gloo", json.dumps(worker_args(a, out))]
@@ -118,7 +128,7 @@ def run_mpi(a, tmp):
     except ImportError:
         mpirun = None
     if not mpirun:
-        print("# mpi: mpirun or mpi4py missing; skipped", file=sys.stderr)
+        print("# mpi: mpirun or mpi4py missing (bash scripts/install-deps.sh --compare); skipped", file=sys.stderr)
         return None
     out = os.path.join(tmp, "mpi.json")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

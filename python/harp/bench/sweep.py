@@ -2,8 +2,9 @@
 factors, data initialisation and checking, and the output format.
 
 A worker (HARP, gloo or MPI) measures each size and returns rows of
-``{"size", "count", "oop_us", "ip_us", "oop_wrong", "ip_wrong"}``; the CLI prints
-them in nccl-tests' columns and, with --compare, side by side.
+``{"size", "count", "oop_us", "ip_us", "oop_wrong", "ip_wrong"}`` (HARP adds the
+"transport" and "algo" that carried each size); the CLI prints them in nccl-tests'
+columns, plus transport and algorithm, and, with --compare, side by side.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def header(coll, nranks, dtype_name, op, root, iters, warmup, label="harp"):
         f"# {label} {coll}: nranks {nranks}, type {t}, op {op}, root {root}, iters {iters}, warmup {warmup}",
         "#",
         "#                                                              out-of-place                       in-place          ",
-        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
+        " transport algorithm",
         "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
     ]
     return "\n".join(lines)
@@ -109,7 +111,8 @@ def fmt_row(coll, row, nranks, dtype_name, op, root):
     redop = op if coll in ("allreduce", "reduce", "reduce_scatter") else "none"
     r = root if coll in ("broadcast", "reduce") else -1
     return (f"{row['size']:12d} {row['count']:13d} {t:>9s} {redop:>7s} {r:7d} "
-            f"{cols(row.get('oop_us'), row.get('oop_wrong'))} {cols(row.get('ip_us'), row.get('ip_wrong'))}")
+            f"{cols(row.get('oop_us'), row.get('oop_wrong'))} {cols(row.get('ip_us'), row.get('ip_wrong'))}"
+            f" {row.get('transport', '-'):>9s} {row.get('algo', '-')}")
 
 
 def busbw(coll, row, nranks, key):

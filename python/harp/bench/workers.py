@@ -26,6 +26,10 @@ class Lib:
     name = "?"
     in_place_only = ()
 
+    def describe(self, coll, count, dtype):
+        """What carried this size: {"transport", "algo"} where the library can say."""
+        return {}
+
     def run(self, coll, send, recv, in_place, op, root):
         raise NotImplementedError
 
@@ -116,12 +120,21 @@ def run_sweep(lib, a, rank, nranks, barrier, avg_time):
                     wrong = int(np.count_nonzero(~np.isclose(got, exp, rtol=1e-2 if dtype.itemsize <= 2 else 1e-5)))
                 wrong = int(avg_time(float(wrong)) * nranks + 0.5)
             row[f"{mode}_wrong"] = wrong
+        row.update(lib.describe(coll, count, a["dtype"]))
         rows.append(row)
-        if rank == 0 and a.get("progress"):
-            print(f"\r[{lib.name}] {i + 1}/{len(sizes)} sizes", end="", file=sys.stderr, flush=True)
-    if rank == 0 and a.get("progress"):
+        if rank == 0:
+            _progress(a.get("progress"), lib.name, i + 1, len(sizes), size)
+    if rank == 0 and a.get("progress") == "tty":
         print(file=sys.stderr)
     return rows
+
+
+def _progress(mode, name, done, total, size):
+    """'tty': one self-overwriting line (\\r); 'lines': a plain line per size (logs, pipes); else nothing."""
+    if mode == "tty":
+        print(f"\r[{name}] {done}/{total} sizes", end="", file=sys.stderr, flush=True)
+    elif mode == "lines":
+        print(f"[{name}] {done}/{total} sizes ({size} B done)", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- HARP
@@ -145,6 +158,19 @@ class HarpLib(Lib):
         v = np.array([x], dtype=np.float64)
         self.comm.allreduce(v)
         return float(v[0]) / self.size
+
+    def transports(self):
+        """The transports this rank's peers are reached by, e.g. "shm" or "shm+tcp"."""
+        names = sorted({self.comm.transport(p) for p in range(self.size) if p != self.rank})
+        return "+".join(names) or "self"
+
+    def describe(self, coll, count, dtype):
+        # The algorithm the communicator picks for this call (HARP_ALGO and --algo included).
+        try:
+            algo = self.algo or self.comm.algorithm(coll, count, dtype)
+        except Exception as e:  # a dtype the tuning query does not know: say so, keep measuring
+            algo = f"? ({e})"
+        return {"transport": self.transports(), "algo": algo}
 
     def run(self, coll, send, recv, in_place, op, root, ns, nr):
         c = self.comm
@@ -308,7 +334,8 @@ def main():
     rows = run_sweep(lib, args, lib.rank, lib.size, lib.barrier, lib.avg)
     if lib.rank == 0:
         with open(args["out"], "w") as f:
-            json.dump({"lib": which, "nranks": lib.size, "rows": rows}, f)
+            used = sorted({r["transport"] for r in rows if r.get("transport")})
+            json.dump({"lib": which, "nranks": lib.size, "transport": "+".join(used) or which, "rows": rows}, f)
     if which == "harp":
         lib.comm.destroy()
     elif which == "gloo":
