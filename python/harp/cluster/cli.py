@@ -36,6 +36,9 @@ def _up_opts(ap, hosts_required):
 def parser():
     ap = argparse.ArgumentParser(prog="harp-cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .._version import __version__
+
+    ap.add_argument("--version", action="version", version=f"harp-cluster (harp {__version__})")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--name", default=os.environ.get("HARP_CLUSTER_NAME", "arena"),
                         help="cluster name (default arena, or $HARP_CLUSTER_NAME)")
