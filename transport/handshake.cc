@@ -145,7 +145,7 @@ void Handshake::connected(Conn& c, int err) {
       if (secondsSince(c.refused_since) >= refused_s_)
         throw Error(Error::kPeerFailure, cfg_.transport + " transport: " + cfg_.rank_name(c.peer) +
                                              " is not listening at " + c.addr_text + " (connection refused for " +
-                                             std::to_string(refused_s_) +
+                                             std::to_string(static_cast<int>(refused_s_ + 0.5)) +
                                              " s): it exited or failed during set-up");
     } else {
       c.refusing = false;  // backlog full, unreachable for now...: keep trying until the deadline

@@ -451,7 +451,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
     int p = peers[i];
     if (p < info_.rank) {
       SockAddr a = SockAddr::parse(remote[i], 0);
-      for (int k = 0; k < nsocks_; ++k) hs.dial(p, k, a.ss, a.len, rankName(p) + "'s TCP listener " + a.str());
+      for (int k = 0; k < nsocks_; ++k) hs.dial(p, k, a.ss, a.len, a.str());
     } else {
       for (int k = 0; k < nsocks_; ++k) hs.expect(p, k);
     }
