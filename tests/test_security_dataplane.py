@@ -444,3 +444,27 @@ def test_failed_shm_setup_leaves_no_segment(tmp_path):
         assert status == "ok", out
         assert val != "formed", out
         assert val[1] == 0, f"rank {r} kept {val[1]} shm segment mappings/fds after a failed set-up"
+
+
+# --------------------------------------------------------------------------- item 12 (EFAULT)
+def _rank_bad_pointer(rank, size):
+    from harp import nccl
+    comm = nccl.NcclCommunicator(size, bytes.fromhex(os.environ["HARP_UNIQUE_ID"]), rank)
+    n = 4099  # odd size
+    try:
+        if rank == 0:
+            comm.send(0x1000, n, nccl.NCCL_UINT8, 1)  # below mmap_min_addr: never mapped
+        else:
+            comm.recv(np.zeros(n, np.uint8).ctypes.data, n, nccl.NCCL_UINT8, 0)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - the text is the result
+        return str(e)
+
+
+def test_bad_local_buffer_is_reported_as_ours_tcp():
+    out = harness.run_ranks(2, _rank_bad_pointer, env={"HARP_TRANSPORT": "tcp", "HARP_TIMEOUT": "60"}, timeout=200)
+    # Rank 0 is told its own buffer is bad (not that rank 1 failed) ...
+    assert "bad local send buffer on rank 0" in out[0] and "EFAULT" in out[0], out
+    assert "rank 1" not in out[0].split("bad local")[0], out
+    # ... and rank 1 fails naming rank 0 instead of receiving garbage.
+    assert out[1] != "ok" and "rank 0" in out[1], out

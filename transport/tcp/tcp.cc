@@ -107,6 +107,7 @@ class TcpPair : public Pair {
   bool progressRecv(Sock& s, int index);
   void finishSegment(Request* r);
   void peerGone(const std::string& how);
+  void localFault(Request* r, bool sending);
   std::string who() const;
 };
 
@@ -211,6 +212,18 @@ void TcpPair::failAll(Request::Failure f, const std::string& why) {
   }
 }
 
+// The kernel could not read (send) or write (receive) our own buffer: the
+// caller's fault, not the peer's. The stream is out of step afterwards.
+void TcpPair::localFault(Request* r, bool sending) {
+  char where[64];
+  snprintf(where, sizeof where, "%zu bytes at %p", r->len, r->buf);
+  r->fail(Request::kLocal, std::string("bad local ") + (sending ? "send" : "receive") + " buffer on rank " +
+                               std::to_string(t_->info_.rank) + ": " + where + " is not " +
+                               (sending ? "readable" : "writable") + " memory of this process (EFAULT)");
+  failAll(Request::kLocal, "connection to " + who() + " abandoned after a bad local buffer on rank " +
+                               std::to_string(t_->info_.rank) + " (EFAULT)");
+}
+
 void TcpPair::peerGone(const std::string& how) {
   if (failed_) return;
   std::string why = peer_closed_ ? who() + " has closed its communicator"
@@ -238,6 +251,7 @@ bool TcpPair::progressSend(Sock& s) {
       ssize_t w = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        if (errno == EFAULT) return localFault(g.req, true), true;
         peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
         return true;
       }
@@ -279,6 +293,7 @@ bool TcpPair::progressRecv(Sock& s, int index) {
         if (r == 0) { peerGone("closed the connection"); return true; }
         if (r < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+          if (errno == EFAULT) return localFault(g.req, false), true;
           peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
           return true;
         }
@@ -329,6 +344,7 @@ bool TcpPair::progressRecv(Sock& s, int index) {
       if (r == 0) { peerGone("closed the connection"); return true; }
       if (r < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        if (errno == EFAULT) return localFault(g.req, false), true;
         peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
         return true;
       }
