@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/crypto.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "core/types.h"
@@ -28,12 +29,6 @@ using transport::PeerInfo;
 using transport::Request;
 
 namespace {
-
-uint64_t fnv64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 std::string readFirstLine(const std::string& path) {
   std::ifstream f(path);
@@ -109,7 +104,6 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES", 8u << 20);
   pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES", pc.eager_bytes);
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
-  auth_ = fnv64("harp-dpdk" + info.token);
   boot_id_ = readFirstLine("/proc/sys/kernel/random/boot_id");
   my_start_ = processStart(getpid());
   link_index_.assign(info.size, -1);
@@ -229,6 +223,7 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
   connected_ = true;
 
   // Links up (memif: both ends attached), then a HELLO handshake with each peer.
+  for (int p : peers) peers_[p].my_nonce = crypto::nonce();
   uint64_t t0 = Protocol::nowNs();
   uint64_t deadline = t0 + static_cast<uint64_t>(info_.timeout_s * 1e9);
   uint64_t last_hello = 0, last_restart = t0;
@@ -252,7 +247,7 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
         }
         continue;
       }
-      if (now - last_hello > 10'000'000ull) proto_->sendHello(p, auth_, pl.heard ? kFlagHeard : 0);
+      if (now - last_hello > 10'000'000ull) proto_->sendHello(p, helloBody(p), pl.heard ? kFlagHeard : 0);
     }
     if (now - last_hello > 10'000'000ull) last_hello = now;
     if (all) break;
@@ -390,6 +385,50 @@ void DpdkTransport::handleFrame(rte_mbuf* m) {
   rte_pktmbuf_free(m);
 }
 
+// HELLO body (PROTOCOL.md section 3): our nonce for this peer, the peer's
+// nonce we heard (zeros if none yet), and our proof over it (zeros if none).
+std::string DpdkTransport::helloBody(int p) const {
+  const PeerLink& pl = peers_[p];
+  std::string zeros(crypto::kNonceBytes, '\0');
+  if (pl.their_nonce.empty()) return pl.my_nonce + zeros + zeros;
+  char role = info_.rank < p ? 'A' : 'B';
+  return pl.my_nonce + pl.their_nonce + crypto::proof(info_.token, role, pl.their_nonce, pl.my_nonce, helloContext(p));
+}
+
+std::string DpdkTransport::helloContext(int p) const {
+  char id[17];
+  snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(info_.comm_id));
+  return std::string("dpdk|") + id + "|" + std::to_string(std::min(p, info_.rank)) + "|" +
+         std::to_string(std::max(p, info_.rank)) + "|0";
+}
+
+// A peer counts as connected once a HELLO from it proves, over the nonce we
+// sent it, that it knows the communicator token (and that it heard us).
+void DpdkTransport::onHello(const Protocol::Control& c) {
+  PeerLink& pl = peers_[c.peer];
+  const size_t n = crypto::kNonceBytes;
+  if (c.tag != kHelloAuthVersion || c.text.size() < 3 * n || pl.my_nonce.empty()) {
+    if (bad_hellos_++ < 5) HARP_WARN("dpdk: ignoring a malformed HELLO claiming rank %d of this communicator", c.peer);
+    return;
+  }
+  pl.their_nonce = c.text.substr(0, n);
+  pl.heard = true;
+  char role = c.peer < info_.rank ? 'A' : 'B';
+  bool proven = crypto::equal(c.text.substr(n, n), pl.my_nonce) &&
+                crypto::equal(c.text.substr(2 * n, n),
+                              crypto::proof(info_.token, role, pl.my_nonce, pl.their_nonce, helloContext(c.peer)));
+  if ((c.flags & kFlagHeard) && !proven && bad_hellos_++ < 5)
+    HARP_WARN("dpdk: ignoring a HELLO claiming rank %d with a wrong proof (wrong communicator token, or a replay)",
+              c.peer);
+  if ((c.flags & kFlagHeard) && proven && !pl.acked) {
+    pl.acked = true;
+    // Confirm once, so the peer completes even if it sent no HEARD hello
+    // yet and we leave at once (replies are otherwise never answered).
+    if (c.flags & kFlagReply) proto_->sendHello(c.peer, helloBody(c.peer), kFlagHeard | kFlagReply);
+  }
+  if (!(c.flags & kFlagReply)) proto_->sendHello(c.peer, helloBody(c.peer), kFlagHeard | kFlagReply);
+}
+
 void DpdkTransport::handleControls() {
   auto& cs = proto_->controls();
   if (cs.empty()) return;
@@ -399,18 +438,7 @@ void DpdkTransport::handleControls() {
     PeerLink& pl = peers_[c.peer];
     switch (c.type) {
       case PktType::kHello:
-        if (c.tag != auth_) {
-          HARP_WARN("dpdk: ignoring a HELLO claiming rank %d of this communicator with a wrong job token", c.peer);
-          break;
-        }
-        pl.heard = true;
-        if ((c.flags & kFlagHeard) && !pl.acked) {
-          pl.acked = true;
-          // Confirm once, so the peer completes even if it sent no HEARD hello
-          // yet and we leave at once (replies are otherwise never answered).
-          if (c.flags & kFlagReply) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
-        }
-        if (!(c.flags & kFlagReply)) proto_->sendHello(c.peer, auth_, kFlagHeard | kFlagReply);
+        onHello(c);
         break;
       case PktType::kAbort:
         pl.acked = true;  // it got through its handshake with us

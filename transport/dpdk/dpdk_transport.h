@@ -52,6 +52,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
     uint64_t start = 0;
     bool same_boot = false;
     bool heard = false, acked = false;
+    std::string my_nonce, their_nonce;  // HELLO challenge-response (PROTOCOL.md section 3)
     uint32_t payload = 0;  // HARP payload bytes per frame on this pair
     std::unique_ptr<transport::Pair> pair;
   };
@@ -60,6 +61,9 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   void handleFrame(rte_mbuf* m);
   void processFrame(rte_mbuf* m);
   void handleControls();
+  void onHello(const Protocol::Control& c);
+  std::string helloBody(int peer) const;
+  std::string helloContext(int peer) const;
   void flushTx();
   void checkLiveness();
 
@@ -77,7 +81,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   FaultConfig fault_;
   FaultRng rng_{1};
   rte_mbuf* cur_ = nullptr;
-  uint64_t auth_ = 0;
+  int bad_hellos_ = 0;  // rate limit of the warnings
   std::string boot_id_;
   uint64_t my_start_ = 0;
   uint64_t idle_since_ns_ = 0, last_live_check_ns_ = 0;

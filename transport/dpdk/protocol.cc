@@ -163,15 +163,17 @@ void Protocol::broadcastControl(PktType type, const std::string& text) {
   }
 }
 
-void Protocol::sendHello(int peer, uint64_t auth, uint8_t flags) {
+void Protocol::sendHello(int peer, const std::string& body, uint8_t flags) {
   // Padded to the pair's full payload size: if full-size frames do not get
   // through (an MTU the path cannot carry), the handshake fails and says so
   // instead of the first large message stalling.
-  uint32_t pad = peers_[peer].max_payload;
+  uint32_t pad = std::max<uint32_t>(peers_[peer].max_payload, static_cast<uint32_t>(body.size()));
   WireHdr* h = startFrame(peer, PktType::kHello, flags, pad);
   if (!h) return;
-  h->tag = auth;
-  std::memset(reinterpret_cast<uint8_t*>(h) + kHdrLen, 0, pad);
+  h->tag = kHelloAuthVersion;
+  uint8_t* pl = reinterpret_cast<uint8_t*>(h) + kHdrLen;
+  std::memset(pl, 0, pad);
+  std::memcpy(pl, body.data(), body.size());
   io_->commit(peer, pad);
 }
 
@@ -407,10 +409,10 @@ void Protocol::onFrame(const WireHdr& h, const PayloadView& pl) {
     case PktType::kHello:
     case PktType::kAbort: {
       Control c{static_cast<PktType>(h.type), peer, h.flags, h.tag, {}};
-      if (h.type != static_cast<uint8_t>(PktType::kHello)) {
-        c.text.resize(std::min<uint32_t>(pl.total, h.payload_len));
-        pl.copyTo(reinterpret_cast<uint8_t*>(c.text.data()), c.text.size());
-      }
+      // ABORT/BYE: the text; HELLO: the nonces and proof at its start.
+      uint32_t keep = h.type == static_cast<uint8_t>(PktType::kHello) ? kHelloBodyBytes : h.payload_len;
+      c.text.resize(std::min<uint32_t>(pl.total, std::min(keep, h.payload_len)));
+      pl.copyTo(reinterpret_cast<uint8_t*>(c.text.data()), c.text.size());
       controls_.push_back(std::move(c));
       break;
     }

@@ -85,7 +85,8 @@ class Protocol {
   bool peerFailed(int peer) const { return peers_[peer].failed; }
   // Send `type` (ABORT/BYE) frames carrying `text` to every peer (best effort).
   void broadcastControl(PktType type, const std::string& text);
-  void sendHello(int peer, uint64_t auth, uint8_t flags);
+  // HELLO with `body` (nonces + proof, kHelloBodyBytes) at the start of its padded payload.
+  void sendHello(int peer, const std::string& body, uint8_t flags);
   // Peers whose sends are in flight and unacknowledged / recvs pending.
   bool peerBusy(int peer) const;
   uint64_t lastHeardNs(int peer) const { return peers_[peer].last_heard_ns; }

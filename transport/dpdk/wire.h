@@ -16,12 +16,16 @@ constexpr uint8_t kVersion = 1;
 constexpr size_t kEthHdrLen = 14;
 constexpr size_t kHdrLen = 64;
 constexpr size_t kWireOverhead = kEthHdrLen + kHdrLen;
+// HELLO: `tag` carries this version of the authenticated handshake; the payload
+// starts with nonce (32) + the nonce heard from the peer (32) + HMAC proof (32).
+constexpr uint64_t kHelloAuthVersion = 0x3248454c4c4f4832ull;  // "2HOLLEH2"
+constexpr uint32_t kHelloBodyBytes = 96;
 constexpr int kSackBits = 256;  // selective-ack bitmap size == max window
 
 enum class PktType : uint8_t {
   kData = 1,      // payload bytes of one message
   kAck = 2,       // cumulative + selective acknowledgement (bitmap in payload)
-  kHello = 3,     // connection handshake (tag = auth token hash, flags bit kHeard)
+  kHello = 3,     // connection handshake (tag = kHelloAuthVersion, payload: nonces + proof, flags bit kHeard)
   kAbort = 4,     // sender's communicator is broken; payload = reason text
   kBye = 5,       // sender destroyed its communicator cleanly
   kPing = 6,      // liveness probe; answered with an ACK

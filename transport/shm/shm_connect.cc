@@ -18,17 +18,19 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/socket.h"
+#include "transport/handshake.h"
 #include "transport/shm/shm_transport.h"
 
 namespace harp::transport::shm {
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x314f4c4c45484d53ull;  // "SMHELLO1"
+constexpr uint64_t kHelloMagic = 0x324f4c4c45484d53ull;  // "SMHELLO2"
+}  // namespace
 
+// Sent after the authenticated handshake, with the sender's segment fd.
 struct Hello {
   uint64_t magic;
   uint64_t comm_id;
-  uint64_t token_hash;
   int32_t rank;
   int32_t size;
   uint32_t nslots;
@@ -39,6 +41,7 @@ struct Hello {
   uint64_t probe_value;
 };
 
+namespace {
 uint64_t fnv(const std::string& s, uint64_t seed) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (unsigned char c : s) {
@@ -155,6 +158,18 @@ int peerPid(int sock) {
   return c.pid;
 }
 
+// "" if the process at the other end of unix socket `fd` runs as our uid or
+// as root; otherwise why it is refused.
+std::string vetPeerCredentials(int fd) {
+  ucred c{};
+  socklen_t l = sizeof c;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &l) != 0)
+    return std::string("cannot read its credentials (SO_PEERCRED: ") + std::strerror(errno) + ")";
+  if (c.uid == ::geteuid() || c.uid == 0) return "";
+  return "its process (pid " + std::to_string(c.pid) + ") runs as uid " + std::to_string(c.uid) + ", not as ours (" +
+         std::to_string(::geteuid()) + ") or root";
+}
+
 }  // namespace
 
 ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& peers)
@@ -240,18 +255,25 @@ std::string ShmTransport::localAddress(int /*peer*/) {
     }
     listen_fd_ = fd;
     sock_name_ = name;
+    HARP_INFO("shm: rank %d listens for its peers on @%s", info_.rank, name);
   }
   return "shm1:" + sock_name_;
 }
 
-void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
-  Deadline dl = Deadline::after(info_.timeout_s);
-  if (listen_fd_ < 0) localAddress(0);
-  const uint64_t token_hash = fnv(info_.token, 0x5348u);
+// Closes the received segment fds that were not mapped, whatever way connect() ends.
+struct FdList {
+  std::vector<int> fd;
+  explicit FdList(int n) : fd(n, -1) {}
+  ~FdList() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+};
+
+Hello ShmTransport::myHello() const {
   Hello mine{};
   mine.magic = kHelloMagic;
   mine.comm_id = info_.comm_id;
-  mine.token_hash = token_hash;
   mine.rank = info_.rank;
   mine.size = info_.size;
   mine.nslots = geo_.nslots;
@@ -260,12 +282,66 @@ void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std:
   mine.seg_bytes = seg_.bytes;
   mine.probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
   mine.probe_value = probe_word_;
+  return mine;
+}
 
-  std::set<int> pending;  // lower ranks that connect to us
-  std::vector<Hello> hello(info_.size);
-  std::vector<int> memfd(info_.size, -1);
+// Steps 1-2: the authenticated hello of transport/handshake.h on one abstract
+// unix socket per pair (lower rank connects), run for all peers at once; only
+// processes of our uid (or root) are even answered (SO_PEERCRED), and the peer
+// must be the process the peer rank published.
+void ShmTransport::authenticate(const std::vector<int>& peers, const std::vector<std::string>& remote, Deadline dl) {
+  Handshake::Config cfg;
+  cfg.transport = "shm";
+  cfg.key = info_.token;
+  cfg.comm_id = info_.comm_id;
+  cfg.rank = info_.rank;
+  cfg.rank_name = [this](int r) { return rankName(r); };
+  cfg.vet = [](int fd) { return vetPeerCredentials(fd); };
+  Handshake hs(cfg);
   for (size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i];
+    if (p < info_.rank) {
+      hs.expect(p, 0);
+      continue;
+    }
+    const std::string& blob = remote.at(i);
+    if (blob.rfind("shm1:", 0) != 0 || blob.size() < 6)
+      throw Error(Error::kSystem, "shm transport: " + rankName(p) + " published a bad address '" + blob + "'");
+    sockaddr_storage ss{};
+    socklen_t len;
+    sockaddr_un a = abstractAddr(blob.substr(5), &len);
+    std::memcpy(&ss, &a, len);
+    hs.dial(p, 0, ss, len, "@" + blob.substr(5));
+  }
+  hs.run(listen_fd_, dl);
+  for (int p : peers) {
+    pairs_[p]->sock_ = hs.take(p, 0);
+    int pid = peerPid(pairs_[p]->sock_);
+    if (peers_[p].pid > 0 && pid > 0 && pid != peers_[p].pid)
+      throw Error(Error::kSystem, "shm transport: the process that authenticated as " + rankName(p) + " has pid " +
+                                      std::to_string(pid) + ", but rank " + std::to_string(p) + " published pid " +
+                                      std::to_string(peers_[p].pid) +
+                                      " (ranks in different pid namespaces? use HARP_TRANSPORT=tcp for them)");
+  }
+}
+
+void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
+  try {
+    connectPeers(peers, remote);
+  } catch (...) {
+    // Nothing of a failed set-up survives: peers' segments unmapped, sockets closed.
+    active_.clear();
+    for (auto& p : pairs_) p.reset();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    listen_fd_ = -1;
+    throw;
+  }
+}
+
+void ShmTransport::connectPeers(const std::vector<int>& peers, const std::vector<std::string>& remote) {
+  Deadline dl = Deadline::after(info_.timeout_s);
+  if (listen_fd_ < 0) localAddress(0);
+  for (int p : peers) {
     if (p < 0 || p >= info_.size || p == info_.rank)
       throw InvalidArgument("shm transport: bad peer rank " + std::to_string(p));
     if (local_of_[p] < 0)
@@ -274,99 +350,21 @@ void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std:
                                            "(host id '" + peers_[p].host_id + "' vs '" +
                                            peers_[info_.rank].host_id + "')");
     pairs_[p] = std::make_unique<ShmPair>(this, p);
-    if (p < info_.rank) pending.insert(p);
   }
-  // 1. Connect to every higher peer and send our hello + segment (never blocks
-  //    for long: the peer's listen socket exists since it published its blob).
-  for (size_t i = 0; i < peers.size(); ++i) {
-    int p = peers[i];
-    if (p < info_.rank) continue;
-    const std::string& blob = remote.at(i);
-    if (blob.rfind("shm1:", 0) != 0)
-      throw Error(Error::kSystem, "shm transport: " + rankName(p) + " published a bad address '" + blob + "'");
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) throw ErrnoError("shm transport: socket(AF_UNIX)", errno);
-    pairs_[p]->sock_ = fd;
-    socklen_t len;
-    sockaddr_un a = abstractAddr(blob.substr(5), &len);
-    for (;;) {
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0) break;
-      if (errno == EAGAIN || errno == ECONNREFUSED) {  // backlog full / not yet listening: retry
-        if (dl.passed())
-          throw Error(Error::kTimeout, "shm transport: timed out connecting to " + rankName(p));
-        ::usleep(1000);
-        continue;
-      }
-      if (errno == EINPROGRESS) {
-        if (!waitFd(fd, POLLOUT, dl))
-          throw Error(Error::kTimeout, "shm transport: timed out connecting to " + rankName(p));
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err == 0) break;
-        errno = err;
-      }
-      if (errno == EINTR) continue;
-      throw ErrnoError("shm transport: connecting to " + rankName(p) + " at @" + blob.substr(5) +
-                           " (same host id, but its unix socket is not reachable: different network "
-                           "namespace?)",
-                       errno);
-    }
-    sendWithFd(fd, &mine, sizeof mine, seg_.fd, dl, rankName(p));
-  }
-  // 2. Accept every lower peer: check its hello, answer with ours.
-  while (!pending.empty()) {
-    if (!waitFd(listen_fd_, POLLIN, dl)) {
-      std::string missing;
-      for (int p : pending) missing += (missing.empty() ? "" : ", ") + rankName(p);
-      throw Error(Error::kTimeout, "shm transport: timed out after " + std::to_string(info_.timeout_s) +
-                                       " s waiting for " + missing + " to connect");
-    }
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-      throw ErrnoError("shm transport: accept", errno);
-    }
-    Hello h{};
-    int mfd = -1;
-    bool ok = false;
-    try {
-      Deadline short_dl = Deadline::after(std::min(5.0, std::max(0.001, dl.remainingMs() / 1000.0)));
-      ok = recvWithFd(fd, &h, sizeof h, &mfd, short_dl, "a connecting process");
-    } catch (const Error& e) {
-      HARP_WARN("shm: dropped a connection on @%s: %s", sock_name_.c_str(), e.what());
-    }
-    if (!ok || h.magic != kHelloMagic || h.token_hash != token_hash || h.comm_id != info_.comm_id ||
-        !pending.count(h.rank) || mfd < 0) {
-      if (ok)
-        HARP_WARN("shm: refused a connection on @%s (wrong job token, communicator or rank %d)",
-                  sock_name_.c_str(), h.rank);
-      if (mfd >= 0) ::close(mfd);
-      ::close(fd);
-      continue;
-    }
-    int p = h.rank;
-    pairs_[p]->sock_ = fd;
-    hello[p] = h;
-    memfd[p] = mfd;
-    pending.erase(p);
-    sendWithFd(fd, &mine, sizeof mine, seg_.fd, dl, rankName(p));
-  }
-  // 3. Read the answers of the higher peers.
+  authenticate(peers, remote, dl);
+  ::close(listen_fd_);  // the abstract name disappears with it
+  listen_fd_ = -1;
+  // 3. Exchange hellos + segment fds with authenticated peers only.
+  const Hello mine = myHello();
+  std::vector<Hello> hello(info_.size);
+  FdList memfd(info_.size);
+  for (int p : peers) sendWithFd(pairs_[p]->sock_, &mine, sizeof mine, seg_.fd, dl, rankName(p));
   for (int p : peers) {
-    if (p < info_.rank) continue;
-    Hello h{};
-    int mfd = -1;
-    if (!recvWithFd(pairs_[p]->sock_, &h, sizeof h, &mfd, dl, rankName(p)))
+    Hello& h = hello[p];
+    if (!recvWithFd(pairs_[p]->sock_, &h, sizeof h, &memfd.fd[p], dl, rankName(p)))
       throw Error(Error::kPeerFailure, "shm transport: " + rankName(p) + " closed the connection during setup");
-    if (h.magic != kHelloMagic || h.token_hash != token_hash || h.comm_id != info_.comm_id || h.rank != p ||
-        mfd < 0) {
-      if (mfd >= 0) ::close(mfd);
-      throw Error(Error::kSystem, "shm transport: bad handshake from " + rankName(p) +
-                                      " (wrong job token or communicator)");
-    }
-    hello[p] = h;
-    memfd[p] = mfd;
+    if (h.magic != kHelloMagic || h.comm_id != info_.comm_id || h.rank != p || memfd.fd[p] < 0)
+      throw Error(Error::kSystem, "shm transport: bad hello from " + rankName(p) + " after authentication");
   }
   // 4. Map segments, wire the rings, probe CMA (can we read the peer's memory?).
   for (int p : peers) {
@@ -374,12 +372,13 @@ void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std:
     const Hello& h = hello[p];
     if (h.nslots != geo_.nslots || h.slot_bytes != geo_.slot_bytes || h.coll_chunk != geo_.coll_chunk ||
         h.seg_bytes != seg_.bytes) {
-      ::close(memfd[p]);
       throw InvalidArgument("shm transport: " + rankName(p) +
                             " uses different HARP_SHM_SLOTS / HARP_SHM_SLOT_BYTES / HARP_SHM_COLL_BYTES "
                             "settings than this rank; set them identically on every rank");
     }
-    pr->seg_ = mapSegment(memfd[p], geo_, rankName(p));
+    int fd = memfd.fd[p];
+    memfd.fd[p] = -1;  // mapSegment closes it, mapped or not
+    pr->seg_ = mapSegment(fd, geo_, rankName(p));
     pr->local_ = local_of_[p];
     pr->pid_ = peerPid(pr->sock_);
     if (pr->pid_ <= 0) pr->pid_ = pr->seg_.header()->pid;
@@ -408,8 +407,6 @@ void ShmTransport::connect(const std::vector<int>& peers, const std::vector<std:
     pairs_[p]->cma_ = can == 1;  // the peer can read our memory: single-copy sends to it
     active_.push_back(pairs_[p].get());
   }
-  ::close(listen_fd_);  // the abstract name disappears with it
-  listen_fd_ = -1;
   HARP_INFO("shm: connected %zu peers (segment %zu KB via %s, %u slots x %u B, CMA above %zu B)",
             peers.size(), seg_.bytes >> 10, seg_how_.c_str(), geo_.nslots, geo_.slot_bytes, cma_threshold_);
 }

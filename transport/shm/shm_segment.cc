@@ -156,8 +156,10 @@ Segment mapSegment(int fd, const Geometry& geo, const std::string& who) {
   close(fd);
   s.base = static_cast<uint8_t*>(p);
   const SegHeader* h = s.header();
-  if (h->magic != kSegMagic || h->version != kSegVersion)
+  if (h->magic != kSegMagic || h->version != kSegVersion) {
+    s.unmap();
     throw Error(Error::kSystem, "shm transport: segment received from " + who + " has a bad header");
+  }
   return s;
 }
 

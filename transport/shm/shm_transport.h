@@ -26,12 +26,14 @@
 #include <string>
 #include <vector>
 
+#include "core/socket.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 
 namespace harp::transport::shm {
 
 class ShmTransport;
+struct Hello;  // shm_connect.cc: sent after the authenticated handshake
 
 class ShmPair : public Pair {
  public:
@@ -130,6 +132,9 @@ class ShmTransport : public Transport {
   friend class ShmPair;
   bool anythingReady();
   void checkSockets();
+  void connectPeers(const std::vector<int>& peers, const std::vector<std::string>& remote);
+  void authenticate(const std::vector<int>& peers, const std::vector<std::string>& remote, Deadline dl);
+  Hello myHello() const;
   void handleAbort();
   std::string rankName(int r) const;
 

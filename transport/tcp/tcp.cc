@@ -15,8 +15,10 @@
 // calls wait(), which blocks in the kernel.
 //
 // Connection setup: lower rank accepts, higher rank connects; each connection
-// opens with a hello carrying the communicator id, a token derived from the
-// job secret, the sender's rank and socket index. Wrong token: refused, logged.
+// opens with the mutual challenge-response of transport/handshake.h (context
+// "tcp|<comm id>|<connector>|<acceptor>|<socket index>"), run for all sockets
+// at once. A connection that fails it is refused and logged; nothing else is
+// ever read from it.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,6 +39,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/socket.h"
+#include "transport/handshake.h"
 #include "transport/transport.h"
 
 namespace harp::transport {
@@ -50,16 +53,6 @@ struct FrameHeader {
   uint64_t len;
 };
 static_assert(sizeof(FrameHeader) == 24);
-
-struct Hello {
-  uint32_t magic;
-  uint32_t rank;
-  uint64_t comm_id;
-  char token[16];
-  uint32_t sock_index;
-  uint32_t nsocks;
-};
-constexpr uint32_t kHelloMagic = 0x48505443;  // "HPTC"
 
 // A contiguous piece of one message on one socket.
 struct Segment {
@@ -114,6 +107,7 @@ class TcpPair : public Pair {
   bool progressRecv(Sock& s, int index);
   void finishSegment(Request* r);
   void peerGone(const std::string& how);
+  void localFault(Request* r, bool sending);
   std::string who() const;
 };
 
@@ -218,6 +212,18 @@ void TcpPair::failAll(Request::Failure f, const std::string& why) {
   }
 }
 
+// The kernel could not read (send) or write (receive) our own buffer: the
+// caller's fault, not the peer's. The stream is out of step afterwards.
+void TcpPair::localFault(Request* r, bool sending) {
+  char where[64];
+  snprintf(where, sizeof where, "%zu bytes at %p", r->len, r->buf);
+  r->fail(Request::kLocal, std::string("bad local ") + (sending ? "send" : "receive") + " buffer on rank " +
+                               std::to_string(t_->info_.rank) + ": " + where + " is not " +
+                               (sending ? "readable" : "writable") + " memory of this process (EFAULT)");
+  failAll(Request::kLocal, "connection to " + who() + " abandoned after a bad local buffer on rank " +
+                               std::to_string(t_->info_.rank) + " (EFAULT)");
+}
+
 void TcpPair::peerGone(const std::string& how) {
   if (failed_) return;
   std::string why = peer_closed_ ? who() + " has closed its communicator"
@@ -245,6 +251,7 @@ bool TcpPair::progressSend(Sock& s) {
       ssize_t w = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        if (errno == EFAULT) return localFault(g.req, true), true;
         peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
         return true;
       }
@@ -286,6 +293,7 @@ bool TcpPair::progressRecv(Sock& s, int index) {
         if (r == 0) { peerGone("closed the connection"); return true; }
         if (r < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+          if (errno == EFAULT) return localFault(g.req, false), true;
           peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
           return true;
         }
@@ -336,6 +344,7 @@ bool TcpPair::progressRecv(Sock& s, int index) {
       if (r == 0) { peerGone("closed the connection"); return true; }
       if (r < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        if (errno == EFAULT) return localFault(g.req, false), true;
         peerGone(std::string("reset the connection (") + std::strerror(errno) + ")");
         return true;
       }
@@ -429,6 +438,7 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   }
   listen_addr_.setPort(0);
   listen_fd_ = listenOn(listen_addr_);
+  HARP_INFO("tcp: rank %d listens for its peers on %s", info.rank, listen_addr_.str().c_str());
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
@@ -446,58 +456,25 @@ TcpTransport::~TcpTransport() {
 void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
   Deadline dl = Deadline::after(info_.timeout_s);
   for (int p : peers) pairs_[p] = std::make_unique<TcpPair>(this, p, nsocks_);
-  Hello mine{};
-  mine.magic = kHelloMagic;
-  mine.rank = info_.rank;
-  mine.comm_id = info_.comm_id;
-  std::memcpy(mine.token, info_.token.data(), std::min<size_t>(16, info_.token.size()));
-  mine.nsocks = nsocks_;
-  int expect_accepts = 0;
+  Handshake::Config cfg;
+  cfg.transport = "tcp";
+  cfg.key = info_.token;
+  cfg.comm_id = info_.comm_id;
+  cfg.rank = info_.rank;
+  cfg.rank_name = [this](int r) { return rankName(r); };
+  Handshake hs(cfg);
   for (size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i];
     if (p < info_.rank) {
       SockAddr a = SockAddr::parse(remote[i], 0);
-      for (int k = 0; k < nsocks_; ++k) {
-        int fd = connectTo(a, dl, rankName(p) + "'s TCP listener");
-        mine.sock_index = k;
-        sendAll(fd, &mine, sizeof mine, dl, rankName(p));
-        pairs_[p]->socks_[k].fd = fd;
-      }
+      for (int k = 0; k < nsocks_; ++k) hs.dial(p, k, a.ss, a.len, a.str());
     } else {
-      expect_accepts += nsocks_;
+      for (int k = 0; k < nsocks_; ++k) hs.expect(p, k);
     }
   }
-  while (expect_accepts > 0) {
-    SockAddr from;
-    int fd;
-    try {
-      fd = acceptOne(listen_fd_, dl, &from, "peers to connect");
-    } catch (const Error& e) {
-      std::string missing;
-      for (auto& [p, pr] : pairs_)
-        if (p > info_.rank)
-          for (auto& s : pr->socks_)
-            if (s.fd < 0) { missing += (missing.empty() ? "" : ", ") + rankName(p); break; }
-      throw Error(Error::kTimeout, "TCP transport: timed out waiting for connections from " + missing);
-    }
-    Hello h{};
-    bool ok = false;
-    try {
-      ok = recvAll(fd, &h, sizeof h, Deadline::after(std::min(5.0, info_.timeout_s)), "connecting peer");
-    } catch (const Error&) {
-    }
-    bool valid = ok && h.magic == kHelloMagic && h.comm_id == info_.comm_id &&
-                 std::memcmp(h.token, mine.token, 16) == 0 && pairs_.count(h.rank) && (int)h.rank > info_.rank &&
-                 (int)h.sock_index < nsocks_ && pairs_[h.rank]->socks_[h.sock_index].fd < 0;
-    if (!valid) {
-      HARP_WARN("TCP transport: refused connection from %s: %s", from.str().c_str(),
-                ok && h.magic == kHelloMagic ? "wrong job secret or communicator" : "not a HARP peer");
-      ::close(fd);
-      continue;
-    }
-    pairs_[h.rank]->socks_[h.sock_index].fd = fd;
-    --expect_accepts;
-  }
+  hs.run(listen_fd_, dl);
+  for (auto& [p, pr] : pairs_)
+    for (int k = 0; k < nsocks_; ++k) pr->socks_[k].fd = hs.take(p, k);
   for (auto& [p, pr] : pairs_)
     for (auto& s : pr->socks_) {
       setNoDelay(s.fd);
