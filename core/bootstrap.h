@@ -39,6 +39,13 @@ UniqueId createUniqueId(const std::string& bind = "");
 // 0 when ranks agree on an address instead of exchanging a unique id.
 void ensureStoreServer(const SockAddr& addr, const std::string& secret);
 
+// Servers stop by themselves once the communicator they served formed and
+// every rank disconnected (see TcpStoreServer). releaseStoreServer stops the
+// one behind `id` now (an id that will not be used); false if this process
+// runs none for it. storeServersRunning counts this process's live servers.
+bool releaseStoreServer(const UniqueId& id);
+int storeServersRunning();
+
 // Random bytes from the kernel.
 std::string randomBytes(size_t n);
 // 64-bit FNV-1a, used to derive tokens and ids from the secret.
