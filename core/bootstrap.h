@@ -3,9 +3,11 @@
 // A UniqueId is 128 opaque bytes (NCCL's ncclUniqueId size) that one process
 // creates and hands to every rank out of band (an environment variable, a
 // broadcast through MPI, a file). It carries the root's store address and a
-// random secret; every connection made during bootstrap and by the transports
-// must present (a hash of) that secret, so a stray or hostile connection is
-// refused and logged.
+// random 32-byte secret; the store and the transports authenticate every
+// connection with a challenge-response keyed by (a key derived from) that
+// secret (core/crypto.h), so a stray or hostile connection is refused and
+// logged, and the secret itself never travels. Treat a unique id like a
+// password. It serves one communicator (core/rendezvous.h).
 //
 // Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
 // 32 B secret | reserved zeros.

@@ -55,10 +55,11 @@ TcpStore* tcpStoreOf(Store* s) {
 size_t bytesOf(const CollArgs& a) { return a.count * dtypeSize(a.dtype); }
 
 // CommOptions::timeout_s < 0: HARP_TIMEOUT or 300 s; otherwise a positive
-// number of seconds (inf: none). Deadline::after saturates huge values.
+// number of seconds. inf and huge values saturate at kForeverS (~31 years), so
+// every conversion downstream (ms, ns, int seconds in messages) stays in range.
 double resolveTimeout(double given) {
-  if (given < 0) return env::timeout("HARP_TIMEOUT", 300.0);
-  return env::checkTimeout(given, "timeout");
+  double t = given < 0 ? env::timeout("HARP_TIMEOUT", 300.0) : env::checkTimeout(given, "timeout");
+  return std::min(t, kForeverS);
 }
 
 }  // namespace

@@ -321,6 +321,7 @@ void TcpStoreServer::State::readFrom(Client& c) {
   char buf[1 << 16];
   ssize_t r = ::recv(c.fd, buf, room, MSG_DONTWAIT);
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    if (c.stage == kProof) return refuse(c, "it hung up after the challenge (it could not verify this root: wrong secret?)");
     c.dead = true;
     return;
   }
