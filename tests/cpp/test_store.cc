@@ -59,7 +59,9 @@ TEST(StoreWire, RandomBuffersNeverOverrun) {
     if (!b.empty() && rng() % 2) b[0] = static_cast<char>(1 + rng() % 7);
     long n = parse(b, &cmd, &k, &v);
     ASSERT_LE(n, static_cast<long>(b.size()));
-    if (n > 0) EXPECT_EQ(static_cast<size_t>(n), 9 + k.size() + v.size());
+    if (n > 0) {
+      EXPECT_EQ(static_cast<size_t>(n), 9 + k.size() + v.size());
+    }
   }
 }
 
