@@ -11,6 +11,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "core/rendezvous.h"
 #include "core/types.h"
 
 namespace harp {
@@ -123,10 +124,38 @@ UniqueId UniqueId::fromBytes(const void* p, size_t n) {
 }
 
 namespace {
+// Store servers this process runs, by address + secret. A server's thread
+// ends by itself once its communicator formed and every client left
+// (TcpStoreServer); finished ones are freed here on the next call. Entries
+// inherited through fork() belong to the parent (their thread does not exist
+// here) and are never joined: they are dropped without running the destructor.
+struct ServerEntry {
+  std::unique_ptr<TcpStoreServer> server;
+  pid_t pid;
+};
 std::mutex g_servers_mu;
-std::map<std::string, std::unique_ptr<TcpStoreServer>>& servers() {
-  static auto* m = new std::map<std::string, std::unique_ptr<TcpStoreServer>>();  // lives until exit
+std::map<std::string, ServerEntry>& servers() {
+  static auto* m = new std::map<std::string, ServerEntry>();  // lives until exit
   return *m;
+}
+void reapLocked(bool everything_of, const std::string& only_key) {
+  pid_t me = getpid();
+  for (auto it = servers().begin(); it != servers().end();) {
+    bool target = it->second.server->finished() || (everything_of && it->first == only_key);
+    if (it->second.pid != me) {
+      (void)it->second.server.release();  // the parent's; not ours to join
+      it = servers().erase(it);
+    } else if (target) {
+      it = servers().erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+std::string serverKey(const SockAddr& a, const std::string& secret) {
+  std::string s = secret;
+  s.resize(kSecretBytes, '\0');
+  return a.str() + "|" + s;
 }
 }  // namespace
 
@@ -149,16 +178,35 @@ UniqueId createUniqueId(const std::string& bind) {
   auto server = std::make_unique<TcpStoreServer>(addr, secret);
   UniqueId id = UniqueId::make(server->address(), secret);
   std::lock_guard<std::mutex> g(g_servers_mu);
-  servers()[server->address().str() + secret] = std::move(server);
+  reapLocked(false, "");
+  std::string key = serverKey(server->address(), secret);  // before the move below
+  servers()[key] = ServerEntry{std::move(server), getpid()};
   HARP_INFO("bootstrap root listening on %s", id.address().str().c_str());
   return id;
 }
 
 void ensureStoreServer(const SockAddr& addr, const std::string& secret) {
   std::lock_guard<std::mutex> g(g_servers_mu);
-  std::string key = addr.str() + secret;
+  reapLocked(false, "");
+  std::string key = serverKey(addr, secret);
   if (servers().count(key)) return;
-  servers()[key] = std::make_unique<TcpStoreServer>(addr, secret);
+  servers()[key] = ServerEntry{std::make_unique<TcpStoreServer>(addr, secret), getpid()};
+}
+
+bool releaseStoreServer(const UniqueId& id) {
+  std::lock_guard<std::mutex> g(g_servers_mu);
+  std::string key = serverKey(id.address(), id.secret());
+  bool had = servers().count(key) && servers()[key].pid == getpid();
+  reapLocked(true, key);
+  return had;
+}
+
+int storeServersRunning() {
+  std::lock_guard<std::mutex> g(g_servers_mu);
+  reapLocked(false, "");
+  int n = 0;
+  for (auto& [k, e] : servers()) n += e.pid == getpid() && !e.server->finished();
+  return n;
 }
 
 HostIdentity thisHost() {
@@ -182,7 +230,8 @@ std::vector<std::string> storeAllgather(Store& store, const std::string& key, in
                                         const std::string& mine, double timeout_s) {
   store.set(key + "/" + std::to_string(rank), mine);
   std::vector<std::string> all(size);
-  for (int r = 0; r < size; ++r) all[r] = r == rank ? mine : store.get(key + "/" + std::to_string(r), timeout_s);
+  for (int r = 0; r < size; ++r)
+    all[r] = r == rank ? mine : rendezvousGet(store, key + "/" + std::to_string(r), timeout_s);
   return all;
 }
 

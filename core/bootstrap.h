@@ -3,9 +3,11 @@
 // A UniqueId is 128 opaque bytes (NCCL's ncclUniqueId size) that one process
 // creates and hands to every rank out of band (an environment variable, a
 // broadcast through MPI, a file). It carries the root's store address and a
-// random secret; every connection made during bootstrap and by the transports
-// must present (a hash of) that secret, so a stray or hostile connection is
-// refused and logged.
+// random 32-byte secret; the store and the transports authenticate every
+// connection with a challenge-response keyed by (a key derived from) that
+// secret (core/crypto.h), so a stray or hostile connection is refused and
+// logged, and the secret itself never travels. Treat a unique id like a
+// password. It serves one communicator (core/rendezvous.h).
 //
 // Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
 // 32 B secret | reserved zeros.
@@ -38,6 +40,13 @@ UniqueId createUniqueId(const std::string& bind = "");
 // Start (once per address+secret) a store server in this process. Used by rank
 // 0 when ranks agree on an address instead of exchanging a unique id.
 void ensureStoreServer(const SockAddr& addr, const std::string& secret);
+
+// Servers stop by themselves once the communicator they served formed and
+// every rank disconnected (see TcpStoreServer). releaseStoreServer stops the
+// one behind `id` now (an id that will not be used); false if this process
+// runs none for it. storeServersRunning counts this process's live servers.
+bool releaseStoreServer(const UniqueId& id);
+int storeServersRunning();
 
 // Random bytes from the kernel.
 std::string randomBytes(size_t n);

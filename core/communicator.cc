@@ -10,6 +10,7 @@
 #include "core/context.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "core/rendezvous.h"
 #include "core/reduce.h"
 #include "core/tuning.h"
 
@@ -52,6 +53,14 @@ TcpStore* tcpStoreOf(Store* s) {
 }
 
 size_t bytesOf(const CollArgs& a) { return a.count * dtypeSize(a.dtype); }
+
+// CommOptions::timeout_s < 0: HARP_TIMEOUT or 300 s; otherwise a positive
+// number of seconds. inf and huge values saturate at kForeverS (~31 years), so
+// every conversion downstream (ms, ns, int seconds in messages) stays in range.
+double resolveTimeout(double given) {
+  double t = given < 0 ? env::timeout("HARP_TIMEOUT", 300.0) : env::checkTimeout(given, "timeout");
+  return std::min(t, kForeverS);
+}
 
 }  // namespace
 
@@ -106,7 +115,7 @@ void Work::finish(std::exception_ptr e) {
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
-  timeout_s_ = opts_.timeout_s > 0 ? opts_.timeout_s : env::real("HARP_TIMEOUT", 300.0);
+  timeout_s_ = resolveTimeout(opts_.timeout_s);
   tuning_ = TuningTable::fromEnvironment();
   spin_ = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
   segment_bytes_ = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
@@ -114,17 +123,29 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    CommOptions opts) {
-  if (size < 1) throw InvalidArgument("world size must be >= 1, got " + std::to_string(size));
-  if (rank < 0 || rank >= size)
-    throw InvalidArgument("rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size));
   if (!store) throw InvalidArgument("no store given");
-  std::shared_ptr<Communicator> c(new Communicator(std::move(store), rank, size, std::move(opts)));
-  c->connectAll();
-  return c;
+  double timeout = resolveTimeout(opts.timeout_s);
+  // Check in first: a bad rank/size, a duplicate or a missing rank is
+  // reported to every rank through the store (core/rendezvous.h).
+  rendezvous(*store, rank, size, timeout);
+  try {
+    std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));
+    c->connectAll();
+    rendezvousDone(*store);
+    return c;
+  } catch (const Error& e) {
+    postRendezvousError(*store, e.kind() == Error::kInvalidArgument ? Error::kPeerFailure : e.kind(),
+                        describeRank(rank) + " failed to create the communicator: " + e.what());
+    throw;
+  } catch (const std::exception& e) {
+    postRendezvousError(*store, Error::kPeerFailure, describeRank(rank) + " failed to create the communicator: " +
+                                                         e.what());
+    throw;
+  }
 }
 
 std::shared_ptr<Communicator> Communicator::create(const UniqueId& id, int rank, int size, CommOptions opts) {
-  double t = opts.timeout_s > 0 ? opts.timeout_s : env::real("HARP_TIMEOUT", 300.0);
+  double t = resolveTimeout(opts.timeout_s);
   auto store = std::make_shared<TcpStore>(id.address(), id.secret(), t);
   return create(std::make_shared<PrefixStore>(store, "c/"), rank, size, std::move(opts));
 }
@@ -133,7 +154,8 @@ void Communicator::connectAll() {
   setLogRank(rank_);
   // Rank 0 draws the communicator id and connection token; everyone reads them.
   if (rank_ == 0) store_->set("token", randomBytes(24));
-  std::string tok = store_->get("token", timeout_s_);
+  std::string tok = rendezvousGet(*store_, "token", timeout_s_);
+  if (tok.size() != 24) throw Error(Error::kInternal, "corrupt rendezvous token (" + std::to_string(tok.size()) + " bytes)");
   token_ = tok.substr(0, 16);
   std::memcpy(&comm_id_, tok.data() + 16, 8);
 
@@ -483,6 +505,7 @@ void Communicator::destroy() {
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
+  store_.reset();  // closes a TcpStore connection now (the root may then retire)
   transports_.clear();
   pair_of_.assign(size_, nullptr);
   transport_of_.assign(size_, nullptr);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "core/types.h"
@@ -36,6 +38,25 @@ double real(const char* name, double def) {
   double x = std::strtod(v.c_str(), &end);
   if (*end != '\0') throw InvalidArgument(std::string(name) + "='" + v + "' is not a number");
   return x;
+}
+
+double checkTimeout(double x, const std::string& what) {
+  if (std::isnan(x) || x <= 0)
+    throw InvalidArgument(what + "=" + std::to_string(x) +
+                          ": a timeout must be a positive number of seconds (or inf for none)");
+  return x;
+}
+
+double timeout(const char* name, double def) {
+  std::string v = str(name);
+  if (v.empty()) return def;
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || std::isnan(x) || x <= 0)
+    throw InvalidArgument(std::string(name) + "='" + v +
+                          "' is not a timeout: use a positive number of seconds, or inf for no timeout");
+  return x;  // huge values (1e13, inf, ERANGE overflow) saturate in Deadline::after
 }
 
 size_t parseBytes(const std::string& v, const char* what) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <climits>
 #include <cstring>
 #include <thread>
@@ -20,7 +21,17 @@
 namespace harp {
 
 Deadline Deadline::after(double seconds) {
+  if (!(seconds > 0)) return Deadline{Clock::now()};
+  if (seconds > kForeverS) seconds = kForeverS;
   return Deadline{Clock::now() + std::chrono::microseconds(static_cast<long long>(seconds * 1e6))};
+}
+
+std::string formatSeconds(double seconds) {
+  if (!(seconds >= 0)) return "0";
+  if (seconds >= kForeverS) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", seconds);
+  return buf;
 }
 
 int Deadline::remainingMs() const {

@@ -18,12 +18,19 @@
 namespace harp {
 
 using Clock = std::chrono::steady_clock;
+// Timeouts at or above this many seconds (~31 years, HARP_TIMEOUT=inf) mean
+// "no timeout": deadlines saturate there instead of overflowing.
+constexpr double kForeverS = 1e9;
 struct Deadline {
   Clock::time_point at;
+  // seconds <= 0 or NaN: already passed; >= kForeverS (or inf): kForeverS from now.
   static Deadline after(double seconds);
   int remainingMs() const;  // >= 0, capped at INT_MAX
   bool passed() const { return Clock::now() >= at; }
 };
+
+// A duration for messages: "2.5", "300", or "inf" (>= kForeverS); never negative.
+std::string formatSeconds(double seconds);
 
 struct SockAddr {
   sockaddr_storage ss{};

@@ -3,13 +3,28 @@
 // A Store is how ranks that know nothing about each other but one address find
 // each other: each rank publishes its transport addresses under a key and reads
 // everyone else's. HARP ships TcpStore (a server thread on the root, clients on
-// every rank, authenticated by the job secret); the torch backend adapts torch's
-// own c10d Store to this interface instead.
+// every rank, mutually authenticated by a challenge-response keyed by the job
+// secret, see store.cc); the torch backend adapts torch's own c10d Store to
+// this interface instead.
+//
+// Limits (TcpStore; a client that exceeds one is disconnected and logged):
+//   keys  <= kMaxKeyBytes (4 KiB), values <= kMaxValueBytes (64 MiB),
+//   keys + values held by one server <= kMaxStoreBytes (256 MiB),
+//   unparsed input buffered for one client <= one maximal request,
+//   unparsed input buffered for all clients <= kMaxStoreBytes,
+//   unauthenticated connections: kHelloDeadlineS (5 s) to finish the hello,
+//   at most kMaxPendingHellos at once (the oldest is dropped first).
+//
+// The optional methods (waitAny, check, setOnClose, setIfAbsent) let the
+// rendezvous report problems within seconds (core/rendezvous.h); a Store that
+// does not implement them (the torch adapter) still works, with the plain
+// get() timeout as the only diagnosis.
 //
 // Threading: a Store object may be used from one thread at a time. The server
 // runs its own thread and is safe to destroy from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +35,12 @@
 
 namespace harp {
 
+constexpr size_t kMaxKeyBytes = 4096;
+constexpr size_t kMaxValueBytes = 64u << 20;
+constexpr size_t kMaxStoreBytes = 256u << 20;
+constexpr double kHelloDeadlineS = 5.0;
+constexpr size_t kMaxPendingHellos = 256;
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -28,6 +49,31 @@ class Store {
   virtual std::string get(const std::string& key, double timeout_s) = 0;
   // Atomically add `delta` to the integer at key (0 if absent); returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  // --- optional (see the file comment); defaults degrade gracefully ---
+  // True when waitAny/check/setOnClose are real (not the fallbacks below).
+  virtual bool diagnostics() const { return false; }
+  // Waits up to timeout_s for the first of `keys` to exist; returns its index
+  // and value, or -1 on timeout (never throws for a timeout). Fallback: get(keys[0]).
+  virtual int waitAny(const std::vector<std::string>& keys, double timeout_s, std::string* value) {
+    *value = get(keys.at(0), timeout_s);
+    return 0;
+  }
+  // Which of `keys` exist now. Fallback: none known (all false).
+  virtual std::vector<bool> check(const std::vector<std::string>& keys) {
+    return std::vector<bool>(keys.size(), false);
+  }
+  // When this client's connection closes (exit, crash, destroy), the server
+  // sets key = value unless key exists. Empty value cancels. Fallback: no-op.
+  virtual void setOnClose(const std::string& key, const std::string& value) { (void)key, (void)value; }
+  // Sets key only if absent; returns true if this call set it. Fallback: set().
+  virtual bool setIfAbsent(const std::string& key, const std::string& value) {
+    set(key, value);
+    return true;
+  }
+  // A communicator formed over this store (TcpStore: lets the server retire
+  // once every client is gone). Fallback: no-op.
+  virtual void formed() {}
 };
 
 // Keys are prefixed, so several communicators can share one store.
@@ -38,9 +84,23 @@ class PrefixStore : public Store {
   void set(const std::string& k, const std::string& v) override { base_->set(prefix_ + k, v); }
   std::string get(const std::string& k, double t) override { return base_->get(prefix_ + k, t); }
   int64_t add(const std::string& k, int64_t d) override { return base_->add(prefix_ + k, d); }
+  bool diagnostics() const override { return base_->diagnostics(); }
+  int waitAny(const std::vector<std::string>& keys, double t, std::string* v) override {
+    return base_->waitAny(prefixed(keys), t, v);
+  }
+  std::vector<bool> check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
+  void setOnClose(const std::string& k, const std::string& v) override { base_->setOnClose(prefix_ + k, v); }
+  bool setIfAbsent(const std::string& k, const std::string& v) override { return base_->setIfAbsent(prefix_ + k, v); }
+  void formed() override { base_->formed(); }
   const std::shared_ptr<Store>& base() const { return base_; }
+  const std::string& prefix() const { return prefix_; }
 
  private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
   std::shared_ptr<Store> base_;
   std::string prefix_;
 };
@@ -48,40 +108,76 @@ class PrefixStore : public Store {
 constexpr size_t kSecretBytes = 32;
 
 // The server side, run by whoever created the unique id (or rank 0).
-// Connections that do not present the secret are refused and logged.
+// Connections that fail the challenge-response are refused and logged.
+//
+// Lifetime: the server thread ends by itself (closing its port) once a
+// communicator it served has formed (a client sent FORMED) and every client
+// has disconnected — nothing can use it any more: a unique id serves one
+// communicator (core/rendezvous.h), and split() runs over connected clients.
+// The object itself is freed by the destructor (or reaped by bootstrap.cc).
 class TcpStoreServer {
  public:
   TcpStoreServer(SockAddr bind_addr, std::string secret);
   ~TcpStoreServer();
   const SockAddr& address() const { return addr_; }
   int refusedConnections() const { return refused_; }
+  int droppedConnections() const { return dropped_; }
+  bool finished() const { return finished_; }  // the thread has exited and released its fds
 
  private:
+  struct State;
   void loop();
   SockAddr addr_;
-  std::string secret_;
+  std::string key_;  // crypto::deriveKey(secret, "store")
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<int> refused_{0};
+  std::atomic<int> dropped_{0};
+  std::atomic<bool> finished_{false};
 };
 
 class TcpStore : public Store {
  public:
-  // Connects (retrying until timeout_s) and authenticates with `secret`.
+  // Connects (retrying until timeout_s) and runs the challenge-response with `secret`.
   TcpStore(const SockAddr& server, std::string secret, double timeout_s);
   ~TcpStore() override;
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, double timeout_s) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  bool diagnostics() const override { return true; }
+  int waitAny(const std::vector<std::string>& keys, double timeout_s, std::string* value) override;
+  std::vector<bool> check(const std::vector<std::string>& keys) override;
+  void setOnClose(const std::string& key, const std::string& value) override;
+  bool setIfAbsent(const std::string& key, const std::string& value) override;
+  // Tells the server a communicator formed (see TcpStoreServer's lifetime).
+  void formed() override;
+  // Closes the connection now; later calls throw.
+  void close();
   // Local address of the connection to the server: a route that reaches the root.
   SockAddr localAddress() const;
   const SockAddr& server() const { return server_; }
 
  private:
   std::string request(uint8_t cmd, const std::string& key, const std::string& value, double timeout_s);
+  std::string readReply(uint8_t cmd, Deadline dl, const std::string& what);
   SockAddr server_;
+  SockAddr local_;
   int fd_ = -1;
 };
+
+// Request framing, shared by client and server (and the tests): an encoded
+// request, and the parser's verdict on a buffer.
+namespace store_wire {
+enum Cmd : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kOnClose = 5, kSetNx = 6, kFormed = 7 };
+constexpr char kHello[8] = {'H', 'A', 'R', 'P', 'S', 'T', 'R', '2'};
+std::string encode(uint8_t cmd, const std::string& key, const std::string& value);
+// Key lists (GET's extra keys, CHECK): u32 n | n x (u32 len | bytes).
+std::string encodeKeys(const std::vector<std::string>& keys);
+bool decodeKeys(const std::string& s, size_t off, std::vector<std::string>* out);
+// 0 = need more bytes; > 0 = a complete request of that many bytes (cmd, key,
+// value filled); < 0 = malformed (bad command or a length over its limit).
+long parse(const std::string& in, uint8_t* cmd, std::string* key, std::string* value);
+}  // namespace store_wire
 
 }  // namespace harp

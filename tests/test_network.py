@@ -122,6 +122,7 @@ def test_init_understands_launcher_environments(tmp_path, style):
     for rank in range(3):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
+        env["HARP_SECRET"] = "launcher-test-" + str(port)  # an address launch needs a shared secret
         if style == "torchrun":
             env.update(RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port - 1))

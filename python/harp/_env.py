@@ -8,8 +8,14 @@ Understood, in this order:
   * Open MPI: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (+ HARP_ADDR).
   * Slurm: SLURM_PROCID / SLURM_NTASKS (+ HARP_ADDR).
 With an address instead of a unique id, rank 0 serves the bootstrap store
-there, and the job secret is HARP_SECRET or, failing that, derived from the
-launcher's job id (so stray connections are still refused).
+there, and every rank must hold the same HARP_SECRET (the store and every
+data-plane connection authenticate with keys derived from it; see
+SECURITY.md). Without HARP_SECRET, harp.init() refuses to start: a secret
+made from public facts (job id, address, size) would let anyone who can
+reach the port join the job. The exceptions hand a random secret around:
+harp-run (HARP_UNIQUE_ID carries one), and torchrun after
+torch.distributed.init_process_group() (the rendezvous then goes through
+torch's store, like the torch backend's, and rank 0's random token).
 """
 from __future__ import annotations
 
@@ -18,12 +24,11 @@ import os
 
 from . import _harp
 from .comm import Communicator, UniqueId
-from .errors import InvalidArgumentError
+from .errors import HarpError, InvalidArgumentError
 
 _RANK_VARS = [("HARP_RANK", "HARP_WORLD_SIZE"), ("RANK", "WORLD_SIZE"),
               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
               ("SLURM_PROCID", "SLURM_NTASKS")]
-_JOB_VARS = ["HARP_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "PMIX_NAMESPACE"]
 
 
 def launch_env(env=None):
@@ -53,21 +58,57 @@ def _address(env):
         "or MASTER_ADDR/MASTER_PORT")
 
 
+_SECRET_HELP = ("export HARP_SECRET=$(python3 -c 'import secrets;print(secrets.token_hex(32))') and give every "
+                "rank the same value (e.g. through the launcher's environment)")
+_init_count = 0
+
+
+def _torch_store():
+    """torch's default store when torch.distributed is initialized (else None)."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return None
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        return c10d._get_default_store() if dist.is_initialized() else None
+    except Exception:  # noqa: BLE001 - an older or partial torch: fall back to HARP_SECRET
+        return None
+
+
 def init(*, timeout: float | None = None, transport: str | None = None, env=None) -> Communicator:
     """Create the world communicator from the launcher's environment (see module doc)."""
+    global _init_count
     env = os.environ if env is None else env
     rank, size, _ = launch_env(env)
     if env.get("HARP_UNIQUE_ID"):
         uid = UniqueId.from_hex(env["HARP_UNIQUE_ID"])
-    else:
-        addr = _address(env)
-        secret = env.get("HARP_SECRET")
-        if secret:
-            key = hashlib.sha256(secret.encode()).digest()
-        else:
-            job = next((env[v] for v in _JOB_VARS if env.get(v)), "")
-            key = hashlib.sha256(f"harp-job:{job}:{addr}:{size}".encode()).digest()
-        uid = UniqueId(_harp.make_unique_id(addr, key))
-        if rank == 0:
+        return Communicator(rank, size, uid, timeout=timeout, transport=transport)
+    addr = _address(env)
+    secret = env.get("HARP_SECRET")
+    if not secret:
+        store = _torch_store() if env.get("MASTER_ADDR") and not env.get("HARP_ADDR") else None
+        if store is not None:
+            from .torch._store import TorchStore
+
+            _init_count += 1
+            return Communicator.from_store(TorchStore(store), rank, size, prefix=f"harp/init{_init_count}/",
+                                           timeout=timeout, transport=transport)
+        raise InvalidArgumentError(
+            f"harp.init(): rendezvous at {addr} needs a job secret shared by every rank, and HARP_SECRET is not "
+            f"set. {_SECRET_HELP}. (harp-run sets HARP_UNIQUE_ID instead, which carries a random secret.)")
+    key = hashlib.sha256(secret.encode()).digest()
+    uid = UniqueId(_harp.make_unique_id(addr, key))
+    if rank == 0:
+        try:
             _harp.ensure_store_server(uid.address, key)
+        except HarpError as e:
+            # Someone already listens there: maybe a second process started as
+            # rank 0 (the rendezvous reports "duplicate rank 0"), maybe another
+            # job (its root refuses our secret). Either way the error that
+            # follows says more than "Address already in use".
+            if "in use" not in str(e):
+                raise
     return Communicator(rank, size, uid, timeout=timeout, transport=transport)

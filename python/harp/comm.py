@@ -91,6 +91,21 @@ class Work:
         return self._result
 
 
+_claimed: set = set()  # (unique id, rank) pairs this process has joined
+
+
+def _claim(uid: bytes, rank):
+    """One unique id, one communicator: refuse a second join of the same (id, rank) in this process
+    at once (the store refuses it across processes, core/rendezvous.h)."""
+    key = (bytes(uid), int(rank) if isinstance(rank, int) else rank)
+    if key in _claimed:
+        raise InvalidArgumentError(
+            f"this process already joined a communicator as rank {rank} with this unique id: a unique id serves "
+            "one communicator; create a new one (harp.get_unique_id()) for each communicator, and call harp.init() "
+            "once per process")
+    _claimed.add(key)
+
+
 class Communicator:
     def __init__(self, rank: int, size: int, unique_id: bytes | None = None, *, timeout: float | None = None,
                  transport: str | None = None, _impl=None):
@@ -100,6 +115,7 @@ class Communicator:
         if unique_id is None:
             raise InvalidArgumentError("Communicator needs a unique_id (harp.get_unique_id()) or use harp.init()")
         uid = unique_id.bytes if isinstance(unique_id, UniqueId) else bytes(unique_id)
+        _claim(uid, rank)
         self._c = _harp.Comm(uid, int(rank), int(size), -1.0 if timeout is None else float(timeout),
                              transport or "")
 
@@ -414,7 +430,8 @@ class Communicator:
         self._c.abort(reason)
 
     def destroy(self):
-        """Finish queued work, say goodbye to peers and free resources. Idempotent."""
+        """Finish queued work, say goodbye to peers and free resources, including the
+        connection to the bootstrap store (closed at once). Idempotent."""
         self._c.destroy()
 
     close = destroy
@@ -451,10 +468,18 @@ class UniqueId:
     def address(self) -> str:
         return _harp.unique_id_address(self.bytes)
 
+    def release(self) -> bool:
+        """Stop the bootstrap store this process serves for this id now (for an id that will not
+        be used, or no longer). False if this process serves none for it."""
+        return _harp.release_unique_id(self.bytes)
+
     def __bytes__(self):
         return self.bytes
 
 
 def get_unique_id(bind: str = "") -> UniqueId:
-    """Create a unique id; this process serves the job's bootstrap store until it exits."""
+    """Create a unique id (a random 32-byte secret and the address of a bootstrap store that
+    this process serves). The store stops by itself once the communicator it served has formed
+    and every rank has disconnected (destroy()); ``UniqueId.release()`` stops it earlier.
+    A unique id serves one communicator."""
     return UniqueId(_harp.get_unique_id(bind))

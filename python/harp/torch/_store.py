@@ -5,6 +5,13 @@ torch hands every process-group backend a PrefixStore over the job's store
 (TCPStore for env:// and tcp://, FileStore for file://), so HARP rendezvous
 rides on whatever init_method the user chose, with no extra port.
 
+Secrets: no job secret is needed or derived here. Rank 0 of each communicator
+draws its data-plane token at random (core/communicator.cc) and publishes it
+through this store, so the token is as private as the torch store (torch's
+TCPStore has no authentication: see SECURITY.md). The adapter implements only
+set/get/add, so the rendezvous diagnostics of core/rendezvous.h degrade to
+the plain get() timeout here.
+
 Threading: the core calls these methods from the thread that creates the
 communicator (with the GIL re-acquired by the binding); c10d stores are
 thread-safe.

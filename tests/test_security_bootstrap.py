@@ -1,0 +1,630 @@
+"""Security of the bootstrap (issue 12, rendezvous side): the store's parser,
+its authentication, its listener under a connection flood, timeouts, start-up
+diagnostics, one communicator per unique id, and leaks.
+
+Servers and ranks run as subprocesses, so a crash shows up as a dead process
+and a rank's stderr can be read. The store's wire format is in core/store.cc;
+this file speaks it with a small Python client (StoreClient).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import harp
+
+PY = sys.executable
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+TRANSPORTS = ["tcp", "shm"]
+MAX_KEY, MAX_VALUE = 4096, 64 << 20
+
+# ----------------------------------------------------------------------------- helpers
+
+
+SERVER_PROG = textwrap.dedent("""
+    import resource, sys
+    lim = int(sys.argv[1])
+    if lim:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    import harp
+    u = harp.get_unique_id("127.0.0.1:0")
+    print(u.hex(), flush=True)
+    sys.stdin.read()
+""")
+
+RANK_PROG = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    import harp
+    spec = json.loads(sys.argv[1])
+    t0 = time.monotonic()
+    try:
+        if spec.get("init"):
+            c = harp.init()
+        else:
+            c = harp.Communicator(spec["rank"], spec["size"], harp.UniqueId.from_hex(spec["uid"]))
+        x = np.full(7, float(c.rank + 1))
+        c.allreduce(x)
+        out = {"ok": True, "sum": float(x[0]), "transport": c.transport((c.rank + 1) % c.size)}
+        if spec.get("twice"):
+            try:
+                harp.init() if spec.get("init") else harp.Communicator(
+                    spec["rank"], spec["size"], harp.UniqueId.from_hex(spec["uid"]))
+                out["second"] = "no error"
+            except Exception as e:
+                out["second"] = type(e).__name__ + ": " + str(e)
+        if spec.get("hold"):
+            print("FORMED", flush=True)
+            sys.stdin.read()
+        c.destroy()
+    except Exception as e:
+        out = {"ok": False, "cls": type(e).__name__, "msg": str(e)}
+    out["secs"] = time.monotonic() - t0
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+class Server:
+    """A bootstrap store served by a subprocess (get_unique_id there)."""
+
+    def __init__(self, nofile=0):
+        self.err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen([PY, "-c", SERVER_PROG, str(nofile)], env=ENV, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True)
+        self.uid = self.p.stdout.readline().strip()
+        assert len(self.uid) == 256, self.stderr()
+        b = bytes.fromhex(self.uid)
+        self.addr = (socket.inet_ntoa(b[12:16]), int.from_bytes(b[10:12], "little"))
+        self.secret = b[28:60]
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def cpu_seconds(self):
+        with open(f"/proc/{self.p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self):
+        if self.alive():
+            self.p.stdin.close()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+def _proof(key, role, challenge, own, ctx=b"harp-store"):
+    return hmac.new(key, b"HARP-AUTH1" + role + challenge + own + ctx, hashlib.sha256).digest()
+
+
+def _recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+class StoreClient:
+    """The store protocol of core/store.cc, in Python."""
+
+    def __init__(self, addr, secret, timeout=30):
+        self.key = hmac.new(secret, b"HARP-KEY1|store", hashlib.sha256).digest()
+        self.s = socket.create_connection(addr, timeout=timeout)
+
+    def hello(self, na=None, proof=None):
+        na = na or os.urandom(32)
+        self.s.sendall(b"HARPSTR2" + na)
+        r = _recv_exact(self.s, 64)
+        nb, mac = r[:32], r[32:]
+        assert hmac.compare_digest(mac, _proof(self.key, b"B", na, nb)), "server proof wrong"
+        mine = proof if proof is not None else _proof(self.key, b"A", nb, na)
+        self.s.sendall(mine)
+        ok = self.s.recv(1)
+        return ok == b"\x01", (na, mine)
+
+    def frame(self, cmd, key, value):
+        self.s.sendall(struct.pack("<BI", cmd, len(key)) + key + struct.pack("<I", len(value)) + value)
+
+    def set(self, key, value):
+        self.frame(1, key, value)
+        assert _recv_exact(self.s, 1) == b"\x01"
+
+    def get(self, key, timeout_ms=10000):
+        self.frame(2, key, struct.pack("<I", timeout_ms))
+        if _recv_exact(self.s, 1) == b"\x00":
+            return None
+        (n,) = struct.unpack("<I", _recv_exact(self.s, 4))
+        return _recv_exact(self.s, n)
+
+    def check(self, keys):
+        self.frame(4, b"", struct.pack("<I", len(keys)) + b"".join(struct.pack("<I", len(k)) + k for k in keys))
+        (n,) = struct.unpack("<I", _recv_exact(self.s, 4))
+        return list(_recv_exact(self.s, n))
+
+    def closed_by_server(self, wait=10):
+        """Drain until the server closes the connection (True) or `wait` s pass (False)."""
+        self.s.settimeout(wait)
+        try:
+            while self.s.recv(65536):
+                pass
+            return True
+        except (socket.timeout, TimeoutError):
+            return False
+        except OSError:
+            return True
+
+    def close(self):
+        self.s.close()
+
+
+def assert_serves(srv):
+    """The server process is alive and answers a legitimate client."""
+    assert srv.alive(), "store server died:\n" + srv.stderr()
+    c = StoreClient(srv.addr, srv.secret)
+    ok, _ = c.hello()
+    assert ok
+    v = os.urandom(5)
+    c.set(b"probe", v)
+    assert c.get(b"probe") == v
+    c.close()
+
+
+def launch(spec, env=None):
+    return subprocess.Popen([PY, "-c", RANK_PROG, json.dumps(spec)], env=dict(ENV, **(env or {})),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(p, timeout=120):
+    out, err = p.communicate(timeout=timeout)
+    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    assert lines, f"no result (rc {p.returncode}):\n{out}\n{err}"
+    r = json.loads(lines[-1][7:])
+    r["stderr"] = err
+    return r
+
+
+def run_job(specs, env=None, timeout=120):
+    procs = [launch(s, env) for s in specs]
+    return [result(p, timeout) for p in procs]
+
+
+# ----------------------------------------------------------------------------- 2. parser
+
+
+def test_wrapping_key_length_does_not_crash_the_store(server):
+    c = StoreClient(server.addr, server.secret)
+    assert c.hello()[0]
+    # The original finding: klen = 0xFFFFFFF7 made 5 + klen + 4 wrap in 32 bits.
+    c.s.sendall(struct.pack("<BI", 1, 0xFFFFFFF7) + b"x" * 64)
+    assert c.closed_by_server()
+    assert_serves(server)
+
+
+@pytest.mark.parametrize("klen,vlen", [(MAX_KEY + 1, 1), (1, MAX_VALUE + 1), (0xFFFFFFFF, 0), (3, 0xFFFFFFFF)])
+def test_lengths_over_the_limits_disconnect_at_once(server, klen, vlen):
+    c = StoreClient(server.addr, server.secret)
+    assert c.hello()[0]
+    key = b"k" * min(klen, 8192)
+    c.s.sendall(struct.pack("<BI", 1, klen) + (key + struct.pack("<I", vlen) if klen <= MAX_KEY else b""))
+    assert c.closed_by_server()  # without waiting for the (huge) rest
+    assert_serves(server)
+
+
+def test_unknown_command_disconnects(server):
+    c = StoreClient(server.addr, server.secret)
+    assert c.hello()[0]
+    c.frame(99, b"k", b"v")
+    assert c.closed_by_server()
+    assert_serves(server)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server():
+    s = Server()
+    yield s
+    s.close()
+
+
+_len = st.one_of(st.integers(0, 64), st.sampled_from([MAX_KEY, MAX_KEY + 1, MAX_VALUE, MAX_VALUE + 1]),
+                 st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frames=st.lists(st.tuples(st.integers(0, 255), _len, _len, st.binary(max_size=96)), min_size=1, max_size=4),
+       tail=st.binary(max_size=64))
+def test_fuzzed_frames_never_break_the_store(fuzz_server, frames, tail):
+    """Random commands and length fields (including wrapping and over-limit ones) from an
+    authenticated client: the server drops or answers it, and keeps serving others."""
+    c = StoreClient(fuzz_server.addr, fuzz_server.secret)
+    assert c.hello()[0]
+    data = b""
+    for cmd, klen, vlen, payload in frames:
+        data += struct.pack("<BI", cmd, klen) + payload[:klen] + struct.pack("<I", vlen) + payload[:vlen]
+    try:
+        c.s.sendall(data + tail)
+    except OSError:
+        pass  # dropped mid-send: fine
+    c.closed_by_server(wait=0.2)
+    c.close()
+    assert_serves(fuzz_server)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hello=st.one_of(st.binary(max_size=200), st.binary(max_size=100).map(lambda b: b"HARPSTR2" + b)))
+def test_fuzzed_hellos_are_refused(fuzz_server, hello):
+    s = socket.create_connection(fuzz_server.addr, timeout=10)
+    try:
+        s.sendall(hello)
+        s.settimeout(0.2)
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        except (socket.timeout, TimeoutError, OSError):
+            pass
+        # At most the server's challenge (64 B); never the ack of an authenticated client.
+        assert len(got) in (0, 64), got
+    finally:
+        s.close()
+    assert_serves(fuzz_server)
+
+
+def _fake_root(secret, reply_get):
+    """A store root that knows `secret` and answers GET with `reply_get` bytes."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(8)
+    key = hmac.new(secret, b"HARP-KEY1|store", hashlib.sha256).digest()
+
+    def serve():
+        try:
+            c, _ = ls.accept()
+            c.settimeout(30)
+            na = _recv_exact(c, 40)[8:]
+            nb = os.urandom(32)
+            c.sendall(nb + _proof(key, b"B", na, nb))
+            _recv_exact(c, 32)
+            c.sendall(b"\x01")
+            while True:
+                cmd, klen = struct.unpack("<BI", _recv_exact(c, 5))
+                _recv_exact(c, klen)
+                (vlen,) = struct.unpack("<I", _recv_exact(c, 4))
+                _recv_exact(c, vlen)
+                c.sendall(struct.pack("<q", 1) if cmd == 3 else reply_get if cmd == 2 else b"\x01")
+        except Exception:  # noqa: BLE001 - the client hung up
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return ls
+
+
+def test_client_bounds_the_value_length_the_root_sends():
+    secret = os.urandom(32)
+    ls = _fake_root(secret, b"\x01" + struct.pack("<I", 0xFFFFFFFF))
+    uid = harp.UniqueId(harp._harp.make_unique_id("127.0.0.1:%d" % ls.getsockname()[1], secret))
+    with pytest.raises(harp.PeerError, match="4294967295 bytes"):
+        harp.Communicator(0, 1, uid, timeout=20)
+    ls.close()
+
+
+# ----------------------------------------------------------------------------- 1. secrets and the hello
+
+
+@pytest.mark.parametrize("launch_vars", [{"HARP_ADDR": "127.0.0.1:29999", "HARP_RANK": "0", "HARP_WORLD_SIZE": "2"},
+                                         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29998", "RANK": "1",
+                                          "WORLD_SIZE": "2"},
+                                         {"HARP_ADDR": "127.0.0.1:29997", "SLURM_PROCID": "0", "SLURM_NTASKS": "3",
+                                          "SLURM_JOB_ID": "42"}])
+def test_address_launch_without_secret_refuses_to_start(launch_vars):
+    with pytest.raises(harp.InvalidArgumentError, match="HARP_SECRET") as e:
+        harp.init(env=launch_vars)
+    assert "secrets.token_hex" in str(e.value)
+
+
+def test_unique_ids_carry_random_secrets():
+    a, b = harp.get_unique_id("127.0.0.1:0"), harp.get_unique_id("127.0.0.1:0")
+    assert a.bytes[28:60] != b.bytes[28:60]
+    assert len(set(a.bytes[28:60])) > 8  # not a constant or empty secret
+    a.release(), b.release()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_address_launch_with_secret_forms_a_job(transport):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"HARP_ADDR": f"127.0.0.1:{port}", "HARP_SECRET": os.urandom(16).hex(), "HARP_WORLD_SIZE": "3",
+           "HARP_TRANSPORT": transport}
+    procs = [launch({"init": True}, dict(env, HARP_RANK=str(r))) for r in range(3)]
+    res = [result(p) for p in procs]
+    assert all(r["ok"] and r["sum"] == 6.0 and r["transport"] == transport for r in res), res
+
+
+def test_recorded_hello_cannot_be_replayed(server):
+    c = StoreClient(server.addr, server.secret)
+    ok, (na, proof) = c.hello()
+    assert ok
+    c.close()
+    # An eavesdropper replays the client's messages; the server's fresh nonce makes the old proof wrong.
+    spy = StoreClient(server.addr, os.urandom(32))
+    spy.s.sendall(b"HARPSTR2" + na)
+    _recv_exact(spy.s, 64)
+    spy.s.sendall(proof)
+    assert spy.closed_by_server()
+    assert "refused bootstrap connection" in server.stderr()
+    assert_serves(server)
+
+
+def test_client_does_not_trust_a_root_without_the_secret():
+    ls = _fake_root(os.urandom(32), b"\x00")  # a root that does not know the job's secret
+    uid = harp.UniqueId(harp._harp.make_unique_id("127.0.0.1:%d" % ls.getsockname()[1], os.urandom(32)))
+    with pytest.raises(harp.PeerError, match="refused"):
+        harp.Communicator(0, 1, uid, timeout=20)
+    ls.close()
+
+
+# ----------------------------------------------------------------------------- 5. listener flood
+
+
+def test_idle_connection_flood_neither_blocks_a_job_nor_spins_the_root():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048 and hard >= 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    srv = Server(nofile=128)  # the root runs out of descriptors long before the flood ends
+    idle = []
+    try:
+        for _ in range(1100):
+            s = socket.socket()
+            s.settimeout(2)
+            try:
+                s.connect(srv.addr)
+                idle.append(s)
+            except OSError:
+                s.close()
+        assert len(idle) > 500
+        cpu0 = srv.cpu_seconds()
+        time.sleep(3)
+        busy = srv.cpu_seconds() - cpu0
+        assert busy < 1.5, f"root used {busy:.2f} s of CPU in 3 s of idle connections (spinning?)"
+        res = run_job([{"rank": r, "size": 3, "uid": srv.uid} for r in range(3)], {"HARP_TRANSPORT": "tcp"})
+        assert all(r["ok"] and r["sum"] == 6.0 for r in res), res
+        assert srv.alive()
+        assert srv.stderr().count("accept failed") == 1  # the root did run out of fds, and logged it once
+    finally:
+        for s in idle:
+            s.close()
+        srv.close()
+
+
+def test_unauthenticated_connection_is_dropped_after_the_hello_deadline(server):
+    s = socket.create_connection(server.addr, timeout=60)
+    s.sendall(b"HARPSTR2")  # a partial hello, then silence
+    assert s.recv(1) == b""  # the root hangs up (after ~5 s), it does not wait forever
+    s.close()
+    assert_serves(server)
+
+
+# ----------------------------------------------------------------------------- 8. timeouts
+
+
+@pytest.mark.parametrize("value", ["inf", "1e13", "1e300"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_huge_timeouts_mean_no_timeout(value, transport):
+    uid = harp.get_unique_id("127.0.0.1:0")
+    res = run_job([{"rank": r, "size": 3, "uid": uid.hex()} for r in range(3)],
+                  {"HARP_TIMEOUT": value, "HARP_TRANSPORT": transport})
+    assert all(r["ok"] and r["sum"] == 6.0 for r in res), res
+
+
+def test_huge_timeout_still_reports_rendezvous_errors_without_negative_seconds():
+    uid = harp.get_unique_id("127.0.0.1:0")
+    specs = [{"rank": 0, "size": 2, "uid": uid.hex()}, {"rank": 1, "size": 3, "uid": uid.hex()}]
+    res = run_job(specs, {"HARP_TIMEOUT": "inf"})
+    for r in res:
+        assert not r["ok"] and "world size 3 here" in r["msg"] and "vs 2 at rank 0" in r["msg"], r
+        assert "-2147483648" not in r["msg"] and "timed out" not in r["msg"], r
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "abc", "-inf", "1e-400x"])
+def test_bad_timeouts_are_invalid_arguments_naming_the_variable(value, monkeypatch):
+    monkeypatch.setenv("HARP_TIMEOUT", value)
+    uid = harp.get_unique_id("127.0.0.1:0")
+    with pytest.raises(harp.InvalidArgumentError, match="HARP_TIMEOUT"):
+        harp.Communicator(0, 1, uid)
+    uid.release()
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not (x > 0)))
+@settings(max_examples=30, deadline=None)
+def test_bad_timeout_arguments_are_refused(x):
+    uid = harp.get_unique_id("127.0.0.1:0")
+    try:
+        if x < 0:
+            return  # negative = "use HARP_TIMEOUT", documented
+        with pytest.raises(harp.InvalidArgumentError, match="timeout"):
+            harp.Communicator(0, 1, uid, timeout=x)
+    finally:
+        uid.release()
+
+
+# ----------------------------------------------------------------------------- 14 + 9. rendezvous diagnostics
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_duplicate_rank_is_reported_on_every_rank(transport):
+    uid = harp.get_unique_id("127.0.0.1:0")
+    specs = [{"rank": r, "size": 3, "uid": uid.hex()} for r in (0, 1, 1)]
+    res = run_job(specs, {"HARP_TRANSPORT": transport})
+    for r in res:
+        assert not r["ok"] and "duplicate rank 1" in r["msg"], res
+
+
+def test_duplicate_rank_zero_on_an_address_launch_is_not_address_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "dup-test-" + os.urandom(8).hex()
+    env = {"HARP_ADDR": f"127.0.0.1:{port}", "HARP_SECRET": secret, "HARP_WORLD_SIZE": "2"}
+    first = launch({"init": True}, dict(env, HARP_RANK="0"))
+    # Wait (by polling the store, not the clock) until the first rank 0 serves and has checked in.
+    spy = None
+    while spy is None:
+        assert first.poll() is None
+        try:
+            spy = StoreClient(("127.0.0.1", port), hashlib.sha256(secret.encode()).digest())
+            assert spy.hello()[0]
+        except OSError:
+            spy = None
+            time.sleep(0.05)
+    while spy.check([b"c/claim/0"]) != [1]:
+        time.sleep(0.05)
+    second = result(launch({"init": True}, dict(env, HARP_RANK="0")))
+    # (rank 1 is left out: the store lives in the first rank 0, which exits on the error.)
+    res = [second, result(first)]
+    for r in res:
+        assert not r["ok"] and "duplicate rank 0" in r["msg"] and "in use" not in r["msg"], res
+
+
+def test_world_size_mismatch_names_both_sizes():
+    uid = harp.get_unique_id("127.0.0.1:0")
+    specs = [{"rank": 0, "size": 3, "uid": uid.hex()}, {"rank": 1, "size": 3, "uid": uid.hex()},
+             {"rank": 2, "size": 4, "uid": uid.hex()}]
+    res = run_job(specs)
+    for r in res:
+        assert not r["ok"] and "world size 4 here" in r["msg"] and "vs 3 at rank 0" in r["msg"], res
+
+
+@pytest.mark.parametrize("bad", [5, 3, -1])
+def test_rank_out_of_range_is_reported_on_every_rank(bad):
+    uid = harp.get_unique_id("127.0.0.1:0")
+    specs = [{"rank": 0, "size": 3, "uid": uid.hex()}, {"rank": 1, "size": 3, "uid": uid.hex()},
+             {"rank": bad, "size": 3, "uid": uid.hex()}]
+    res = run_job(specs)
+    assert res[2]["cls"] == "InvalidArgumentError", res
+    for r in res:
+        assert not r["ok"] and f"rank {bad} " in r["msg"] and "out of range for world size 3" in r["msg"], res
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rank_that_dies_during_rendezvous_is_named_within_the_timeout(transport, server):
+    env = {"HARP_TRANSPORT": transport, "HARP_TIMEOUT": "120"}
+    victim = launch({"rank": 2, "size": 3, "uid": server.uid}, env)
+    spy = StoreClient(server.addr, server.secret)
+    assert spy.hello()[0]
+    while spy.check([b"c/claim/2"]) != [1]:  # until rank 2 has checked in
+        assert victim.poll() is None
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    res = run_job([{"rank": r, "size": 3, "uid": server.uid} for r in (0, 1)], env)
+    for r in res:
+        assert not r["ok"] and r["cls"] == "PeerError" and "rank 2 (pid" in r["msg"], res
+        assert r["secs"] < 100  # decided by the closed connection, not by the 120 s timeout
+
+
+def test_waiting_ranks_print_progress_naming_the_missing_ones():
+    uid = harp.get_unique_id("127.0.0.1:0")
+    res = run_job([{"rank": r, "size": 4, "uid": uid.hex()} for r in (0, 2)], {"HARP_TIMEOUT": "12"})
+    assert all(not r["ok"] and r["cls"] == "HarpTimeoutError" for r in res), res
+    assert all("1, 3" in r["msg"] for r in res), res
+    assert "harp: rendezvous: waiting for ranks 1, 3 (2 of 4 missing)" in res[0]["stderr"], res[0]["stderr"]
+
+
+# ----------------------------------------------------------------------------- 10. one id, one communicator
+
+
+def test_init_twice_in_one_process_is_refused():
+    uid = harp.get_unique_id("127.0.0.1:0")
+    res = run_job([{"init": True, "twice": True}], {"HARP_UNIQUE_ID": uid.hex(), "HARP_RANK": "0",
+                                                    "HARP_WORLD_SIZE": "1"})
+    assert res[0]["ok"] and "InvalidArgumentError" in res[0]["second"] and "one communicator" in res[0]["second"]
+
+
+def test_second_communicator_on_a_used_id_is_refused_across_processes(server):
+    holders = [launch({"rank": r, "size": 2, "uid": server.uid, "hold": True}) for r in range(2)]
+    for h in holders:
+        assert h.stdout.readline().strip() == "FORMED"
+    late = result(launch({"rank": 0, "size": 2, "uid": server.uid}), timeout=60)
+    assert not late["ok"] and late["cls"] == "InvalidArgumentError" and "one communicator" in late["msg"], late
+    for h in holders:
+        r = result(h)
+        assert r["ok"], r
+
+
+# ----------------------------------------------------------------------------- 11. leaks
+
+LEAK_PROG = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import harp
+    def fds(): return len(os.listdir("/proc/self/fd"))
+    def threads(): return len(os.listdir("/proc/self/task"))
+    def settle():
+        end = time.monotonic() + 60
+        while harp._harp.store_servers_running() and time.monotonic() < end:
+            time.sleep(0.05)
+        return harp._harp.store_servers_running()
+    def cycle():
+        u = harp.get_unique_id("127.0.0.1:0")
+        c = harp.Communicator(0, 1, u)
+        x = np.ones(3); c.allreduce(x); c.destroy()
+    cycle(); settle()
+    f0, t0 = fds(), threads()
+    for _ in range(20):
+        cycle()
+    left = settle()
+    print("FORMED", left, fds() - f0, threads() - t0)
+    ids = [harp.get_unique_id("127.0.0.1:0") for _ in range(10)]
+    running = harp._harp.store_servers_running()
+    for u in ids: u.release()
+    print("UNUSED", running, harp._harp.store_servers_running(), fds() - f0, threads() - t0)
+    # destroy() closes the store connection at once (the root is another process here)
+    remote = harp.UniqueId.from_hex(sys.argv[1])
+    f1 = fds()
+    c = harp.Communicator(0, 1, remote)
+    c.destroy()
+    print("DESTROY", fds() - f1)
+""")
+
+
+def test_unique_ids_and_communicators_do_not_leak(server):
+    out = subprocess.run([PY, "-c", LEAK_PROG, server.uid], env=ENV, capture_output=True, text=True, timeout=300)
+    lines = {l.split()[0]: [int(x) for x in l.split()[1:]] for l in out.stdout.splitlines() if l[:1].isupper()}
+    assert lines.get("FORMED") == [0, 0, 0], out
+    assert lines.get("UNUSED") == [10, 0, 0, 0], out
+    assert lines.get("DESTROY") == [0], out
