@@ -229,6 +229,13 @@ void ShmPair::markDead(const std::string& why) {
   if (dead_) return;
   dead_ = true;
   dead_why_ = why;
+  // A peer that aborted and then exited: its notice says more than the EOF.
+  if (in_ctl_ && in_ctl_->abort.load(std::memory_order_acquire)) {
+    char reason[sizeof(in_ctl_->reason) + 1];
+    memcpy(reason, in_ctl_->reason, sizeof in_ctl_->reason);
+    reason[sizeof in_ctl_->reason] = '\0';
+    dead_why_ = who() + " aborted the communicator: " + reason;
+  }
   HARP_INFO("shm: %s", why.c_str());
   // Single-copy sends the peer finished reading before it went away succeeded.
   uint64_t acks = in_ctl_->acks.load(std::memory_order_acquire);
