@@ -40,24 +40,24 @@ std::string descText(CollType c, uint64_t count, bool show_count, DataType dt, R
 
 uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo) {
   return (static_cast<uint64_t>(seq & 0x3f) << 58) | (static_cast<uint64_t>(algo & 3) << 56) |
-         (static_cast<uint64_t>(c) & 0xf) << 48 | (static_cast<uint64_t>(dt) & 0xf) << 44 |
-         (static_cast<uint64_t>(op) & 0xf) << 40 | (static_cast<uint64_t>(root) & 0xfff) << 32 |
+         (static_cast<uint64_t>(c) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 |
+         (static_cast<uint64_t>(op) & 0xf) << 44 | (static_cast<uint64_t>(root) & 0xfff) << 32 |
          (count & 0xffffffffull);
 }
 
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
-  return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 48 | (static_cast<uint64_t>(dt) & 0xf) << 44 | user_tag;
+  return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 | user_tag;
 }
 
 std::string describeTag(uint64_t tag) {
-  const uint64_t coll = (tag >> 48) & 0xf;
+  const uint64_t coll = (tag >> 52) & 0xf;
   const uint32_t seq = static_cast<uint32_t>(tag >> 58);
   if (coll == kCheckColl) return "descriptor check #" + std::to_string(seq);
   auto c = static_cast<CollType>(coll);
-  auto dt = static_cast<DataType>((tag >> 44) & 0xf);
+  auto dt = static_cast<DataType>((tag >> 48) & 0xf);
   if (c == CollType::kSend || c == CollType::kRecv)
     return std::string("send/recv(dtype=") + dtypeName(dt) + ", tag=" + std::to_string(tag & 0xffffffffull) + ")";
-  auto op = static_cast<ReduceOp>((tag >> 40) & 0xf);
+  auto op = static_cast<ReduceOp>((tag >> 44) & 0xf);
   std::string root = std::to_string((tag >> 32) & 0xfff);
   return descText(c, tag & 0xffffffffull, true, dt, op, root, seq) + " algorithm #" + std::to_string((tag >> 56) & 3);
 }
@@ -189,7 +189,7 @@ void Context::startCheck(const Descriptor& mine) {
   check_mine_ = &mine;
   auto& theirs = comm_.check_buf_;
   theirs.resize(size_);
-  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0x3f) << 58) | kCheckColl << 48;
+  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0x3f) << 58) | kCheckColl << 52;
   check_recvs_.clear();
   check_done_ = 0;
   for (int q = 0; q < size_; ++q)

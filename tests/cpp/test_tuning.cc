@@ -58,6 +58,12 @@ TEST(Tag, RoundTripsTheDescriptor) {
   EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 99, 2));
   EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 8, 99, 1));
   EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 100, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kMax, 7, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kInt32, ReduceOp::kSum, 7, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kGather, DataType::kFloat32, ReduceOp::kSum, 7, 99, 1));
+  // No field spills into another: all-ones in one field leaves the others readable.
+  std::string full = describeTag(makeTag(63, CollType::kReduce, DataType::kFloat32, ReduceOp::kMax, 4095, 0xffffffffull, 3));
+  EXPECT_NE(full.find("reduce(count=4294967295, dtype=float32, op=max, root=4095) #63 algorithm #3"), std::string::npos) << full;
   EXPECT_TRUE(tagIsExact(4095, (1ull << 32) - 1));
   EXPECT_FALSE(tagIsExact(4096, 1));
   EXPECT_FALSE(tagIsExact(0, 1ull << 32));
