@@ -1,6 +1,11 @@
 #include "core/communicator.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -60,6 +65,32 @@ size_t bytesOf(const CollArgs& a) { return a.count * dtypeSize(a.dtype); }
 double resolveTimeout(double given) {
   double t = given < 0 ? env::timeout("HARP_TIMEOUT", 300.0) : env::checkTimeout(given, "timeout");
   return std::min(t, kForeverS);
+}
+
+std::string span(const void* p, size_t n) {
+  char b[64];
+  snprintf(b, sizeof b, "[%p, +%zu bytes)", p, n);
+  return b;
+}
+
+// Send and receive ranges of one collective must be disjoint, or the receive
+// range must start exactly where the algorithms support in-place operation:
+// at the send buffer (`same`), or at block `r` of a p-block send buffer
+// (`block`, reduce_scatter / scatter: NCCL's in-place position). `any`:
+// the algorithm copes with every overlap (allgather, gather, broadcast stage
+// or move their input first).
+enum class Alias { kSame, kBlock, kAny };
+void checkOverlap(const char* name, const void* send, size_t sbytes, const void* recv, size_t rbytes, Alias ok,
+                  size_t blk, int r) {
+  if (!send || !recv || !sbytes || !rbytes || ok == Alias::kAny) return;
+  auto s = reinterpret_cast<uintptr_t>(send), d = reinterpret_cast<uintptr_t>(recv);
+  if (s + sbytes <= d || d + rbytes <= s) return;  // disjoint
+  if (ok == Alias::kSame && s == d) return;
+  if (ok == Alias::kBlock && d == s + static_cast<uintptr_t>(r) * blk) return;
+  throw InvalidArgument(std::string(name) + ": the send buffer " + span(send, sbytes) + " and the receive buffer " +
+                        span(recv, rbytes) + " partially overlap; pass " +
+                        (ok == Alias::kSame ? "the same buffer" : "the receive buffer at this rank's block of the send buffer") +
+                        " for in-place operation, or separate buffers");
 }
 
 }  // namespace
@@ -335,9 +366,37 @@ void Communicator::validate(const CollArgs& a) const {
     if (needs_send && !a.sendbuf) throw InvalidArgument(std::string(name) + ": send buffer is null");
     if (needs_recv && !a.recvbuf) throw InvalidArgument(std::string(name) + ": receive buffer is null");
   }
+  if (a.coll != CollType::kAlltoallv) checkBuffers(a);
   if (!a.opts.algo.empty() && !findAlgorithm(a.coll, a.opts.algo))
     throw InvalidArgument(std::string(name) + ": unknown algorithm '" + a.opts.algo + "' (known: " +
                           algorithmList(a.coll) + ")");
+}
+
+// Sizes fit size_t, and send/receive ranges overlap only where supported.
+void Communicator::checkBuffers(const CollArgs& a) const {
+  const char* name = collName(a.coll);
+  const size_t es = dtypeSize(a.dtype), p = static_cast<size_t>(size_);
+  if (a.count > SIZE_MAX / es / p)
+    throw InvalidArgument(std::string(name) + ": count " + std::to_string(a.count) + " of " + dtypeName(a.dtype) +
+                          " is too large");
+  const size_t blk = a.count * es, all = blk * p;
+  const bool root = a.root == rank_;
+  switch (a.coll) {
+    case CollType::kAllreduce:
+      return checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
+    case CollType::kReduce:
+      if (root) checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
+      return;
+    case CollType::kAlltoall:
+      return checkOverlap(name, a.sendbuf, all, a.recvbuf, all, Alias::kSame, 0, 0);
+    case CollType::kReduceScatter:
+      return checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
+    case CollType::kScatter:
+      if (root) checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
+      return;
+    default:
+      return;
+  }
 }
 
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
@@ -371,7 +430,49 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
 // ---------------------------------------------------------------------------
 // Execution
 
+// Calls on one communicator must not overlap: ranks pair collectives by call
+// order, which two threads racing on one communicator make differ between
+// ranks (wrong data with no error). owner_ holds the OS thread id of the
+// thread inside submit()/run() (0: none); one compare-exchange and one store
+// per call. An overlapping call from another thread breaks the communicator
+// (on every rank: the pairing can no longer be trusted) and raises
+// InvalidArgumentError naming both threads. Sequential calls from different
+// threads are fine; the worker thread never enters here.
+namespace {
+uint64_t thisThreadId() {
+  static thread_local const uint64_t id = static_cast<uint64_t>(::syscall(SYS_gettid));
+  return id;
+}
+}  // namespace
+
+class Communicator::CallGuard {
+ public:
+  CallGuard(Communicator& c, const CollArgs& a) : c_(c) {
+    const uint64_t me = thisThreadId();
+    uint64_t cur = 0;
+    if (c_.owner_.compare_exchange_strong(cur, me, std::memory_order_acquire)) return;
+    if (cur == me) {  // nested call on this thread (split's own collectives)
+      nested_ = true;
+      return;
+    }
+    std::string why = std::string(collName(a.coll)) + " called on thread " + std::to_string(me) +
+                      " while thread " + std::to_string(cur) +
+                      " is inside a call on the same communicator: calls on one communicator must not overlap "
+                      "(see README, Threading); the communicator is now broken on every rank";
+    c_.markBroken("concurrent use: " + why);
+    throw InvalidArgument(why);
+  }
+  ~CallGuard() {
+    if (!nested_) c_.owner_.store(0, std::memory_order_release);
+  }
+
+ private:
+  Communicator& c_;
+  bool nested_ = false;
+};
+
 std::shared_ptr<Work> Communicator::submit(CollArgs args, bool async) {
+  CallGuard guard(*this, args);
   if (destroyed_) throw InvalidArgument("communicator has been destroyed");
   validate(args);
   if (broken_.load()) {
@@ -401,6 +502,7 @@ std::shared_ptr<Work> Communicator::submit(CollArgs args, bool async) {
 }
 
 void Communicator::run(CollArgs args) {
+  CallGuard guard(*this, args);
   {
     std::unique_lock<std::mutex> ql(q_mu_);
     if (in_flight_ != 0 || destroyed_) {  // behind queued work: wait like submit() does
@@ -444,32 +546,140 @@ void Communicator::execute(CollArgs& a, Work& w) {
   }
 }
 
+namespace {
+bool isRooted(CollType c) {
+  return c == CollType::kBroadcast || c == CollType::kReduce || c == CollType::kGather || c == CollType::kScatter;
+}
+bool isInteger(DataType t) {
+  return t == DataType::kInt8 || t == DataType::kUint8 || t == DataType::kInt32 || t == DataType::kUint32 ||
+         t == DataType::kInt64 || t == DataType::kUint64;
+}
+bool isSigned(DataType t) { return t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64; }
+bool isReduction(CollType c) {
+  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter;
+}
+}  // namespace
+
+// Descriptor agreement. Every message's tag carries the descriptor (exact for
+// root < 4096, count < 2^32), so a receiver finds a disagreement with its
+// sender. That is not enough where a rank only sends (broadcast/scatter root,
+// gather and reduce leaves) or where ranks disagree about the root (they
+// then disagree about who talks to whom and may wait for messages nobody
+// sends). Rooted collectives therefore run the exact descriptor check of
+// Context::startCheck alongside the data (posted first, compared while
+// waiting, completed at the end): every rank compares with every rank, so a
+// disagreement raises MismatchError on every rank in that call. Cost, 2 ranks,
+// 8-byte broadcast (bench/shm_tools/allreduce_latency.cc with broadcast,
+// chrt -f 10, 2-core VM): shm 0.53 -> 1.05 us, tcp 11.5 -> 26.5 us (the root
+// now waits for its peers' descriptors: one more latency); large messages
+// unchanged. Allreduce pays only the closing check (closingCheck): 8 bytes
+// shm 0.57 -> 0.63 us, tcp 16.6 -> 17.5 us. Zero counts and
+// descriptors the tag cannot carry run the check before the algorithm (a rank
+// with count 0 would otherwise return before anyone could compare).
 void Communicator::runCollective(CollArgs& a) {
   if (broken_.load()) {
     std::lock_guard<std::mutex> g(broken_mu_);
     throw Error(broken_kind_, broken_reason_);
   }
-  bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
-  uint32_t seq = p2p ? 0 : ++seq_;
-  // p2p: both sides must agree on "send" vs "recv" being the same message, so
-  // they share one tag kind; the user tag travels in the root field.
-  CollType tag_coll = p2p ? CollType::kSend : a.coll;
-  int tag_root = p2p ? static_cast<int>(a.tag) : a.root;
-  uint64_t tag = makeTag(seq, tag_coll, a.dtype, a.op, tag_root, a.count);
-  double timeout = a.opts.timeout_s > 0 ? a.opts.timeout_s : timeout_s_;
+  if (a.op == ReduceOp::kAvg && isReduction(a.coll) && isInteger(a.dtype) && size_ > 1) return runIntAvg(a);
+  runWith(a, a.dtype);
+}
+
+// `a` runs as is; the tag and descriptor name `user_dtype` (runIntAvg runs
+// widened data under the caller's dtype, so disagreements stay visible).
+void Communicator::runWith(CollArgs& a, DataType user_dtype) {
+  const double timeout = a.opts.timeout_s > 0 ? a.opts.timeout_s : timeout_s_;
   const Algorithm* algo = algorithmFor(a);
+  const bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
+  const bool rooted = isRooted(a.coll);
+  Descriptor d;
+  uint64_t tag;
+  bool check = false;
+  if (p2p) {
+    // send and recv share one tag kind; the full 32-bit user tag travels.
+    tag = makeP2pTag(a.dtype, a.tag);
+  } else {
+    d.seq = ++seq_;
+    d.coll = static_cast<uint8_t>(a.coll);
+    d.dtype = static_cast<uint8_t>(user_dtype);
+    d.op = static_cast<uint8_t>(isReduction(a.coll) ? a.op : ReduceOp::kSum);
+    d.algo = static_cast<uint8_t>(algo->index);
+    d.root = rooted ? a.root : 0;
+    d.count = a.count;
+    tag = makeTag(d.seq, a.coll, user_dtype, static_cast<ReduceOp>(d.op), static_cast<int>(d.root), d.count, d.algo);
+    check = a.coll != CollType::kBarrier && a.coll != CollType::kAlltoallv && size_ > 1 &&
+            (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
+  }
   try {
     Context ctx(*this, a, tag, timeout);
+    if (check) {
+      ctx.startCheck(d);
+      if (!rooted || a.count == 0) ctx.finishCheck();
+    }
     algo->fn(ctx);
+    if (check) ctx.finishCheck();
+    if (!p2p) closingCheck(a, d.seq);
   } catch (const Error& e) {
     if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
     throw;
   }
-  if (a.op == ReduceOp::kAvg) {
+  if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
         (a.coll == CollType::kReduce && a.root == rank_))
       finalizeAvg(a.recvbuf, a.count, a.dtype, size_);
   }
+}
+
+// Integer avg without wrap-around: the sum of p values overflows the type
+// long before the average does. 8- and 32-bit integers travel as 64-bit sums
+// (|sum| <= p * 2^32, exact); 64-bit integers travel as (x div p, x mod p)
+// pairs, whose sums fit, and the exact truncated average is put together at
+// the end (wideAvgIn / wideAvgOut in core/reduce). Costs 2-8x the bytes of a
+// plain sum and a copy in and out; only integer avg pays it.
+void Communicator::runIntAvg(CollArgs& a) {
+  const size_t n = a.count;
+  const size_t w = wideAvgWidth(a.dtype);  // int64 words per element
+  const bool rs = a.coll == CollType::kReduceScatter;
+  const size_t blocks = rs ? static_cast<size_t>(size_) : 1;
+  if (n > SIZE_MAX / 8 / w / blocks)
+    throw InvalidArgument(std::string(collName(a.coll)) + ": count " + std::to_string(n) + " too large for avg");
+  const bool want_out = a.coll != CollType::kReduce || a.root == rank_;
+  std::vector<int64_t> in(blocks * n * w), out(want_out ? n * w : 0);
+  const size_t es = dtypeSize(a.dtype);
+  for (size_t b = 0; b < blocks; ++b)
+    wideAvgIn(in.data() + b * n * w, static_cast<const char*>(a.sendbuf) + b * n * es, n, a.dtype, size_);
+  CollArgs wide = a;
+  wide.sendbuf = in.data();
+  wide.recvbuf = want_out ? out.data() : nullptr;
+  wide.count = n * w;
+  wide.dtype = isSigned(a.dtype) ? DataType::kInt64 : DataType::kUint64;
+  runWith(wide, a.dtype);
+  if (want_out) wideAvgOut(a.recvbuf, out.data(), n, a.dtype, size_);
+}
+
+// A peer's abort notice that arrived while this collective ran (its data may
+// all have come before it): the collective fails, like every later call.
+// shm: one load per peer; tcp: one poll(2) per collective.
+void Communicator::closingCheck(const CollArgs& a, uint32_t seq) {
+  for (auto& t : transports_) {
+    std::string notice = t->abortNotice();
+    if (notice.empty()) continue;
+    // "after collective #N": the aborting rank had completed collective N.
+    static const std::string kMark = "after collective #";
+    size_t at = notice.find(kMark);
+    if (at != std::string::npos && std::strtoull(notice.c_str() + at + kMark.size(), nullptr, 10) >= seq) continue;
+    throw Error(notice.find("collective mismatch") != std::string::npos ? Error::kMismatch : Error::kPeerFailure,
+                std::string(collName(a.coll)) + " on rank " + std::to_string(rank_) + " failed: " + notice);
+  }
+  // Completed here: record it, unless abort() came first (then it said the
+  // last completed collective was the one before, so this one fails too).
+  uint64_t w = done_word_.load(std::memory_order_acquire);
+  do {
+    if (w & 1) {
+      std::lock_guard<std::mutex> g(broken_mu_);
+      throw Error(broken_kind_, broken_reason_);
+    }
+  } while (!done_word_.compare_exchange_weak(w, static_cast<uint64_t>(seq) << 1, std::memory_order_acq_rel));
 }
 
 void Communicator::markBroken(const std::string& why) {
@@ -483,7 +693,14 @@ void Communicator::markBroken(const std::string& why) {
     broken_.store(true);
   }
   HARP_WARN("communicator broken: %s", why.c_str());
-  for (auto& t : transports_) t->abort(why);
+  // The notice says which collective this rank completed last, so a peer that
+  // finishes that one as well keeps it (closingCheck): ranks agree on it.
+  const uint64_t done = done_word_.fetch_or(1, std::memory_order_acq_rel) >> 1;
+  // The kind goes first: transports may truncate the text (shm keeps ~180 bytes).
+  const bool mismatch = broken_kind_ == Error::kMismatch;
+  const std::string notice =
+      "after collective #" + std::to_string(done) + ": " + (mismatch ? "collective mismatch: " : "") + why;
+  for (auto& t : transports_) t->abort(notice);
 }
 
 std::string Communicator::brokenReason() {

@@ -17,8 +17,11 @@
 // purpose, from any thread.
 //
 // Threading: the submit methods, split() and destroy() may be called from any
-// thread, but submission order defines the collective order, so callers that
-// submit from several threads must order the calls themselves.
+// thread, one call at a time: submission order defines the collective order
+// on every rank, so callers that submit from several threads must order the
+// calls themselves. Overlapping calls from two threads are detected (an atomic
+// owner word, see CallGuard), break the communicator on every rank and raise
+// InvalidArgument naming both threads. abort() may come from any thread.
 #pragma once
 
 #include <atomic>
@@ -147,7 +150,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void connectAll();
   void execute(CollArgs& a, Work& w);
   void runCollective(CollArgs& a);
+  void runWith(CollArgs& a, DataType user_dtype);
+  void runIntAvg(CollArgs& a);
+  void closingCheck(const CollArgs& a, uint32_t seq);
   void validate(const CollArgs& a) const;
+  void checkBuffers(const CollArgs& a) const;
   void workerLoop();
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
@@ -170,6 +177,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint32_t seq_ = 0;
   int split_seq_ = 0;
   std::vector<uint8_t> scratch_;
+  std::vector<Descriptor> check_buf_;  // peers' descriptors (Context::startCheck)
 
   // Execution: exec_mu_ serializes running collectives; queue for async work.
   std::mutex exec_mu_;
@@ -180,6 +188,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::thread worker_;
   bool stop_ = false;
 
+  // Thread inside submit()/run() (OS thread id; 0: none): see CallGuard.
+  class CallGuard;
+  std::atomic<uint64_t> owner_{0};
+
+  // (last completed collective's seq << 1) | 1 once broken; see closingCheck.
+  std::atomic<uint64_t> done_word_{0};
   std::atomic<bool> broken_{false};
   std::mutex broken_mu_;
   std::string broken_reason_;

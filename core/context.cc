@@ -10,40 +10,62 @@
 
 namespace harp {
 
-uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count) {
-  return (static_cast<uint64_t>(seq & 0xfff) << 52) | (static_cast<uint64_t>(c) & 0xf) << 48 |
-         (static_cast<uint64_t>(dt) & 0xf) << 44 | (static_cast<uint64_t>(op) & 0xf) << 40 |
-         (static_cast<uint64_t>(root) & 0xff) << 32 | (count & 0xffffffffull);
-}
+namespace {
+constexpr uint64_t kCheckColl = 0xf;
 
-std::string describeTag(uint64_t tag) {
-  auto c = static_cast<CollType>((tag >> 48) & 0xf);
-  auto dt = static_cast<DataType>((tag >> 44) & 0xf);
-  auto op = static_cast<ReduceOp>((tag >> 40) & 0xf);
-  int root = static_cast<int>((tag >> 32) & 0xff);
-  uint64_t count = tag & 0xffffffffull;
-  std::string s = std::string(collName(c)) + "(count=" + std::to_string(count) + ", dtype=" + dtypeName(dt);
+std::string descText(CollType c, uint64_t count, bool show_count, DataType dt, ReduceOp op, const std::string& root,
+                     uint32_t seq) {
+  std::string s = std::string(collName(c)) + "(";
+  if (show_count) s += "count=" + std::to_string(count) + ", ";
+  s += std::string("dtype=") + dtypeName(dt);
   switch (c) {
     case CollType::kAllreduce:
     case CollType::kReduceScatter:
       s += std::string(", op=") + opName(op);
       break;
     case CollType::kReduce:
-      s += std::string(", op=") + opName(op) + ", root=" + std::to_string(root);
+      s += std::string(", op=") + opName(op) + ", root=" + root;
       break;
     case CollType::kBroadcast:
     case CollType::kGather:
     case CollType::kScatter:
-      s += ", root=" + std::to_string(root);
-      break;
-    case CollType::kSend:
-    case CollType::kRecv:
-      s += ", tag=" + std::to_string(root);
+      s += ", root=" + root;
       break;
     default:
       break;
   }
-  return s + ") #" + std::to_string(tag >> 52);
+  return s + ") #" + std::to_string(seq);
+}
+}  // namespace
+
+uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo) {
+  return (static_cast<uint64_t>(seq & 0x3f) << 58) | (static_cast<uint64_t>(algo & 3) << 56) |
+         (static_cast<uint64_t>(c) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 |
+         (static_cast<uint64_t>(op) & 0xf) << 44 | (static_cast<uint64_t>(root) & 0xfff) << 32 |
+         (count & 0xffffffffull);
+}
+
+uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
+  return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 | user_tag;
+}
+
+std::string describeTag(uint64_t tag) {
+  const uint64_t coll = (tag >> 52) & 0xf;
+  const uint32_t seq = static_cast<uint32_t>(tag >> 58);
+  if (coll == kCheckColl) return "descriptor check #" + std::to_string(seq);
+  auto c = static_cast<CollType>(coll);
+  auto dt = static_cast<DataType>((tag >> 48) & 0xf);
+  if (c == CollType::kSend || c == CollType::kRecv)
+    return std::string("send/recv(dtype=") + dtypeName(dt) + ", tag=" + std::to_string(tag & 0xffffffffull) + ")";
+  auto op = static_cast<ReduceOp>((tag >> 44) & 0xf);
+  std::string root = std::to_string((tag >> 32) & 0xfff);
+  return descText(c, tag & 0xffffffffull, true, dt, op, root, seq) + " algorithm #" + std::to_string((tag >> 56) & 3);
+}
+
+std::string describe(const Descriptor& d) {
+  return descText(static_cast<CollType>(d.coll), d.count, static_cast<CollType>(d.coll) != CollType::kBarrier,
+                  static_cast<DataType>(d.dtype), static_cast<ReduceOp>(d.op), std::to_string(d.root), d.seq) +
+         " algorithm #" + std::to_string(d.algo);
 }
 
 Context::Context(Communicator& comm, const CollArgs& args, uint64_t tag, double timeout_s)
@@ -101,6 +123,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
   int idle = 0;
   auto& transports = comm_.transports_;
   for (;;) {
+    if (check_done_ < check_recvs_.size()) compareChecks();
     bool all = true;
     for (Request* r : rs) {
       if (!r->done()) all = false;
@@ -162,5 +185,39 @@ void* Context::scratch(size_t bytes) {
 }
 
 size_t Context::segmentBytes() const { return comm_.segment_bytes_; }
+
+void Context::startCheck(const Descriptor& mine) {
+  check_mine_ = &mine;
+  auto& theirs = comm_.check_buf_;
+  theirs.resize(size_);
+  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0x3f) << 58) | kCheckColl << 52;
+  check_recvs_.clear();
+  check_done_ = 0;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) check_recvs_.push_back(irecv(q, &theirs[q], sizeof(Descriptor), tag));
+  check_sends_.clear();
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) check_sends_.push_back(isend(q, &mine, sizeof(Descriptor), tag));
+}
+
+// Compare the peers' descriptors that have arrived, in order.
+void Context::compareChecks() {
+  while (check_done_ < check_recvs_.size() && check_recvs_[check_done_]->done()) {
+    Request* r = check_recvs_[check_done_++];
+    check(r);
+    const Descriptor& d = comm_.check_buf_[r->peer];
+    if (d == *check_mine_) continue;
+    throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(rank_) + " and rank " +
+                                      std::to_string(r->peer) + ": rank " + std::to_string(rank_) + " called " +
+                                      describe(*check_mine_) + ", rank " + std::to_string(r->peer) + " called " +
+                                      describe(d));
+  }
+}
+
+void Context::finishCheck() {
+  waitAll(check_recvs_);
+  compareChecks();
+  waitAll(check_sends_);
+}
 
 }  // namespace harp

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/types.h"
 
@@ -20,6 +21,15 @@ namespace harp {
 void reduce(void* out, const void* a, const void* b, size_t n, DataType dt, ReduceOp op);
 // buf[i] = buf[i] / divisor, in the element type (integers truncate toward zero).
 void finalizeAvg(void* buf, size_t n, DataType dt, int divisor);
+// Integer avg without wrap-around (Communicator::runIntAvg). 8/32-bit types
+// travel as one 64-bit word per element (their sum cannot overflow); 64-bit
+// types as two words, x div p (floor) and x mod p, in two halves of the wide
+// buffer. wideAvgWidth: words per element; wideAvgIn: n elements of `in` into
+// `wide`; wideAvgOut: the summed words back to the exact average, truncated
+// toward zero, as `dt`.
+size_t wideAvgWidth(DataType dt);
+void wideAvgIn(int64_t* wide, const void* in, size_t n, DataType dt, int p);
+void wideAvgOut(void* out, const int64_t* wide, size_t n, DataType dt, int p);
 // Which kernel set is in use ("avx2" or "generic").
 const char* reduceKernelName();
 

@@ -57,6 +57,19 @@ enum class CollType : uint8_t {
 };
 constexpr int kNumCollTypes = 13;
 
+// Everything ranks must agree on for one collective, exactly (24 bytes; the
+// payload of the descriptor check).
+struct Descriptor {
+  uint32_t seq = 0;
+  uint8_t coll = 0, dtype = 0, op = 0, algo = 0;
+  int64_t root = 0;
+  uint64_t count = 0;
+  bool operator==(const Descriptor& o) const {
+    return seq == o.seq && coll == o.coll && dtype == o.dtype && op == o.op && algo == o.algo && root == o.root &&
+           count == o.count;
+  }
+};
+static_assert(sizeof(Descriptor) == 24);
 size_t dtypeSize(DataType dt);
 const char* dtypeName(DataType dt);
 const char* opName(ReduceOp op);

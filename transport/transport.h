@@ -135,6 +135,13 @@ class Transport {
   // blocks long), then fail all pending requests with `why`. Any thread.
   virtual void abort(const std::string& why) = 0;
 
+  // Closing check after a collective (non-blocking; may read a socket): the
+  // text of an abort notice a peer has sent, naming that peer, or "" when none
+  // has arrived. A collective whose data all arrived still fails when a peer
+  // aborted meanwhile, so no rank completes a collective after a peer's
+  // abort() has reached it. The default reports nothing.
+  virtual std::string abortNotice() { return ""; }
+
   // Optional: pin/register user memory for repeated use (RDMA, DPDK external
   // buffers). The default does nothing; transports with a registration cache
   // register lazily on first use anyway.

@@ -3,6 +3,10 @@
 // set bit, then sends to vr + 2^i for every smaller 2^i that is < p.
 // Any p, any root; the root copies sendbuf to recvbuf first when they differ.
 // Cost: ceil(log2 p)·(alpha + n·beta). Small messages.
+// Descriptor check: as a rooted collective it also runs the communicator's
+// exact descriptor check (Communicator::runCollective): p-1 messages of 24
+// bytes per rank alongside the data, one extra latency for ranks that only
+// send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include <vector>
 
 #include "core/algorithms/registry.h"

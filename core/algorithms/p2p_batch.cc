@@ -41,12 +41,12 @@ void p2pBatch(Context& ctx) {
   reqs.reserve(a.p2p.size());
   for (const P2pOp& o : a.p2p) {
     if (o.send || o.peer == ctx.rank()) continue;
-    uint64_t tag = makeTag(0, CollType::kSend, a.dtype, a.op, static_cast<int>(a.tag), o.count);
+    uint64_t tag = makeP2pTag(a.dtype, a.tag);
     reqs.push_back(ctx.irecv(o.peer, o.buf, o.count * es, tag));
   }
   for (const P2pOp& o : a.p2p) {
     if (!o.send || o.peer == ctx.rank()) continue;
-    uint64_t tag = makeTag(0, CollType::kSend, a.dtype, a.op, static_cast<int>(a.tag), o.count);
+    uint64_t tag = makeP2pTag(a.dtype, a.tag);
     reqs.push_back(ctx.isend(o.peer, o.buf, o.count * es, tag));
   }
   for (size_t i = 0; i < self_sends.size(); ++i) copyBytes(self_recvs[i]->buf, self_sends[i]->buf, self_sends[i]->count * es);

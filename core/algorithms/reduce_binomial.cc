@@ -4,6 +4,10 @@
 // Any p, any root. Non-root ranks accumulate in scratch; recvbuf is only
 // written on the root.
 // Cost: ceil(log2 p)·(alpha + n·beta + n·gamma). Small messages.
+// Descriptor check: as a rooted collective it also runs the communicator's
+// exact descriptor check (Communicator::runCollective): p-1 messages of 24
+// bytes per rank alongside the data, one extra latency for ranks that only
+// send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include "core/algorithms/registry.h"
 #include "core/reduce.h"
 

@@ -5,6 +5,10 @@
 // Any p, any root; non-root ranks work in scratch.
 // Cost: (p - 2 + s)·(alpha + n/s·(beta + gamma)) for s segments: about
 // n·(beta + gamma) for large n. Large messages.
+// Descriptor check: as a rooted collective it also runs the communicator's
+// exact descriptor check (Communicator::runCollective): p-1 messages of 24
+// bytes per rank alongside the data, one extra latency for ranks that only
+// send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include <algorithm>
 #include <vector>
 

@@ -22,6 +22,7 @@ struct Algorithm {
   CollType coll;
   const char* name;
   AlgorithmFn fn;
+  unsigned index;  // position among its collective's algorithms (in the tag and descriptor check)
 };
 
 const Algorithm* findAlgorithm(CollType c, const std::string& name);

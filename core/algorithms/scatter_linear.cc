@@ -2,6 +2,10 @@
 // posted at once); every other rank receives one block.
 // Any p, any root; sendbuf is only used on the root.
 // Cost: (p-1)·alpha + (p-1)·n·beta at the root.
+// Descriptor check: as a rooted collective it also runs the communicator's
+// exact descriptor check (Communicator::runCollective): p-1 messages of 24
+// bytes per rank alongside the data, one extra latency for ranks that only
+// send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include <vector>
 
 #include "core/algorithms/registry.h"

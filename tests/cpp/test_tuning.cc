@@ -52,6 +52,29 @@ TEST(Tag, RoundTripsTheDescriptor) {
   EXPECT_NE(d.find("reduce(count=123456, dtype=bfloat16, op=max, root=3)"), std::string::npos) << d;
   EXPECT_NE(makeTag(1, CollType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, 0, 10),
             makeTag(1, CollType::kAllreduce, DataType::kInt32, ReduceOp::kSum, 0, 10));
+  // Every field lands in its own bits: changing any one changes the tag.
+  const uint64_t base = makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 99, 1);
+  EXPECT_NE(base, makeTag(6, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 99, 2));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 8, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 100, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kFloat32, ReduceOp::kMax, 7, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kInt32, ReduceOp::kSum, 7, 99, 1));
+  EXPECT_NE(base, makeTag(5, CollType::kGather, DataType::kFloat32, ReduceOp::kSum, 7, 99, 1));
+  // No field spills into another: all-ones in one field leaves the others readable.
+  std::string full = describeTag(makeTag(63, CollType::kReduce, DataType::kFloat32, ReduceOp::kMax, 4095, 0xffffffffull, 3));
+  EXPECT_NE(full.find("reduce(count=4294967295, dtype=float32, op=max, root=4095) #63 algorithm #3"), std::string::npos) << full;
+  EXPECT_TRUE(tagIsExact(4095, (1ull << 32) - 1));
+  EXPECT_FALSE(tagIsExact(4096, 1));
+  EXPECT_FALSE(tagIsExact(0, 1ull << 32));
+}
+
+TEST(Tag, P2pTagCarriesTheWhole32BitUserTag) {
+  for (uint32_t t : {0u, 5u, 261u, 0x10005u, 0xffffffffu})
+    for (uint32_t u : {0u, 5u, 261u, 0x10005u, 0xffffffffu})
+      EXPECT_EQ(makeP2pTag(DataType::kFloat32, t) == makeP2pTag(DataType::kFloat32, u), t == u) << t << " " << u;
+  EXPECT_NE(makeP2pTag(DataType::kFloat32, 5), makeP2pTag(DataType::kInt32, 5));
+  EXPECT_NE(describeTag(makeP2pTag(DataType::kFloat32, 261)).find("tag=261"), std::string::npos);
 }
 
 TEST(Blocks, PartitionIsExactForAnyCount) {

@@ -229,6 +229,13 @@ void ShmPair::markDead(const std::string& why) {
   if (dead_) return;
   dead_ = true;
   dead_why_ = why;
+  // A peer that aborted and then exited: its notice says more than the EOF.
+  if (in_ctl_ && in_ctl_->abort.load(std::memory_order_acquire)) {
+    char reason[sizeof(in_ctl_->reason) + 1];
+    memcpy(reason, in_ctl_->reason, sizeof in_ctl_->reason);
+    reason[sizeof in_ctl_->reason] = '\0';
+    dead_why_ = who() + " aborted the communicator: " + reason;
+  }
   HARP_INFO("shm: %s", why.c_str());
   // Single-copy sends the peer finished reading before it went away succeeded.
   uint64_t acks = in_ctl_->acks.load(std::memory_order_acquire);
@@ -265,13 +272,13 @@ bool ShmTransport::progress() {
   if ((++poll_counter_ & 1023) == 0) checkSockets();
   bool moved = false;
   for (ShmPair* p : active_) {
-    if (p->in_ctl_->abort.load(std::memory_order_acquire) && !p->failed_) {
+    if (p->in_ctl_->abort.load(std::memory_order_acquire) && !p->failed_ && !p->dead_) {
+      // Like a peer that went away: what it sent before its notice is still
+      // delivered (it may have completed that collective), then receives fail.
       char reason[sizeof(p->in_ctl_->reason) + 1];
       memcpy(reason, p->in_ctl_->reason, sizeof p->in_ctl_->reason);
       reason[sizeof p->in_ctl_->reason] = '\0';
-      p->failed_ = true;
-      p->failed_why_ = rankName(p->peer_) + " aborted the communicator: " + reason;
-      p->failAll(Request::kPeerFailure, p->failed_why_);
+      p->markDead(rankName(p->peer_) + " aborted the communicator: " + reason);
       moved = true;
     }
     if (!p->sends_.empty() || !p->cma_wait_.empty()) moved |= p->progressSends();
@@ -284,7 +291,7 @@ bool ShmTransport::progress() {
 bool ShmTransport::anythingReady() {
   if (aborted_.load(std::memory_order_acquire) && !abort_handled_) return true;
   for (ShmPair* p : active_) {
-    if (p->in_ctl_->abort.load(std::memory_order_acquire) && !p->failed_) return true;
+    if (p->in_ctl_->abort.load(std::memory_order_acquire) && !p->failed_ && !p->dead_) return true;
     if ((!p->recvs_.empty() || p->discard_) && (p->slotReady() || p->dead_)) return true;
     if (!p->sends_.empty() && p->hasFreeSlot()) return true;
     if (!p->cma_wait_.empty() && p->in_ctl_->acks.load(std::memory_order_acquire) >= p->cma_wait_.front()->tp_word)
@@ -337,6 +344,19 @@ void ShmTransport::abort(const std::string& why) {
   futexWakeAll(&h->doorbell);
 }
 
+// One load per peer of a line in this rank's own segment (written by the peer
+// only when it aborts).
+std::string ShmTransport::abortNotice() {
+  for (ShmPair* p : active_) {
+    if (!p->in_ctl_->abort.load(std::memory_order_acquire)) continue;
+    char reason[sizeof(p->in_ctl_->reason) + 1];
+    memcpy(reason, p->in_ctl_->reason, sizeof p->in_ctl_->reason);
+    reason[sizeof p->in_ctl_->reason] = '\0';
+    return rankName(p->peer_) + " aborted the communicator: " + reason;
+  }
+  return "";
+}
+
 // ---- Intra-host collective support ----------------------------------------------
 
 bool ShmTransport::coversCommunicator() const {
@@ -380,7 +400,8 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
         char reason[sizeof(p->in_ctl_->reason) + 1];
         memcpy(reason, p->in_ctl_->reason, sizeof p->in_ctl_->reason);
         reason[sizeof p->in_ctl_->reason] = '\0';
-        throw Error(Error::kPeerFailure, rankName(p->peer_) + " aborted the communicator: " + reason);
+        throw Error(strstr(reason, "collective mismatch") ? Error::kMismatch : Error::kPeerFailure,
+                    rankName(p->peer_) + " aborted the communicator: " + reason);
       }
       if (p->failed_) throw Error(Error::kPeerFailure, p->failed_why_);
       if (p->dead_) throw Error(Error::kPeerFailure, p->dead_why_);
@@ -389,7 +410,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
         throw Error(Error::kMismatch, rankName(p->peer_) + " sent a message (tag " + hex64(h->tag) + ", " +
                                           std::to_string(h->len) + " bytes) while this rank runs " +
                                           std::string(what) +
-                                          ": the ranks are running different collectives");
+                                          ": collective mismatch (the ranks are running different collectives)");
       }
     }
   };

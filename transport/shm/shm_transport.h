@@ -99,6 +99,7 @@ class ShmTransport : public Transport {
   bool progress() override;
   void wait(int timeout_ms) override;
   void abort(const std::string& why) override;
+  std::string abortNotice() override;
 
   // ---- Capabilities for intra-host algorithms (reach via dynamic_cast) ----
   // True when every rank of the communicator is connected through this

@@ -101,6 +101,8 @@ class TcpPair : public Pair {
   bool failed_ = false;
   std::string fail_reason_;
   bool peer_closed_ = false;  // peer said goodbye
+  bool peer_gone_ = false;    // connection lost (EOF, reset) or peer aborted: no notice to send
+  std::string abort_text_;    // the peer's abort notice, once read
 
  private:
   bool progressSend(Sock& s);
@@ -125,6 +127,7 @@ class TcpTransport : public Transport {
   bool progress() override;
   void wait(int timeout_ms) override;
   void abort(const std::string& why) override;
+  std::string abortNotice() override;
 
   CommInfo info_;
   std::vector<PeerInfo> peer_info_;
@@ -225,6 +228,7 @@ void TcpPair::localFault(Request* r, bool sending) {
 }
 
 void TcpPair::peerGone(const std::string& how) {
+  peer_gone_ = true;
   if (failed_) return;
   std::string why = peer_closed_ ? who() + " has closed its communicator"
                                  : who() + " " + how + " (the process died or closed its communicator mid-collective)";
@@ -321,6 +325,8 @@ bool TcpPair::progressRecv(Sock& s, int index) {
           peer_closed_ = true;
           peerGone("");
         } else {
+          peer_gone_ = true;
+          abort_text_ = who() + " aborted the communicator: " + text;
           failAll(Request::kPeerFailure, who() + " aborted the communicator: " + text);
         }
         return true;
@@ -398,7 +404,11 @@ void TcpPair::handleIdle() {
     peer_closed_ = true;
     return;
   }
-  if (s.pending.kind == kAbort) return failAll(Request::kPeerFailure, who() + " aborted the communicator: " + text);
+  if (s.pending.kind == kAbort) {
+    peer_gone_ = true;
+    abort_text_ = who() + " aborted the communicator: " + text;
+    return failAll(Request::kPeerFailure, who() + " aborted the communicator: " + text);
+  }
   failAll(Request::kPeerFailure, "corrupt frame from " + who() + " (bad magic)");
 }
 
@@ -536,6 +546,29 @@ void TcpTransport::wait(int timeout_ms) {
   }
 }
 
+// One poll(2) over the idle sockets 0 (where notices arrive), then read what
+// is there.
+std::string TcpTransport::abortNotice() {
+  std::lock_guard<std::mutex> drive(drive_mu_);
+  pollfd pfds[64];
+  TcpPair* who[64];
+  int n = 0;
+  for (auto& [peer, p] : pairs_) {
+    if (!p->abort_text_.empty()) return p->abort_text_;
+    Sock& s = p->socks_[0];
+    if (p->failed_ || p->peer_closed_ || !s.recvq.empty() || s.fd < 0) continue;
+    if (s.pending_have == sizeof(FrameHeader) && s.pending.kind == kData) continue;
+    if (n < 64) pfds[n] = {s.fd, POLLIN, 0}, who[n++] = p.get();
+  }
+  if (n == 0 || ::poll(pfds, n, 0) <= 0) return "";
+  for (int i = 0; i < n; ++i) {
+    if (!pfds[i].revents) continue;
+    who[i]->handleIdle();
+    if (!who[i]->abort_text_.empty()) return who[i]->abort_text_;
+  }
+  return "";
+}
+
 void TcpTransport::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> g(abort_mu_);
@@ -559,10 +592,15 @@ void TcpTransport::doAbort() {
     why = abort_reason_;
   }
   for (auto& [peer, p] : pairs_) {
-    if (!p->failed_) p->sendControl(kAbort, "rank " + std::to_string(info_.rank) + ": " + why);
+    // A pair failed by a mismatch (our receive side out of step) still gets
+    // the notice: our send side is at a frame boundary or sendControl skips it.
+    if (!p->peer_gone_ && !p->peer_closed_) p->sendControl(kAbort, "rank " + std::to_string(info_.rank) + ": " + why);
     p->failAll(Request::kPeerFailure, "communicator aborted: " + why);
+    // Half-close only: the peer reads its data, then the notice, then EOF;
+    // SHUT_RD would make its sends fail with EPIPE (a "reset" that hides the
+    // notice and its reason, e.g. a collective mismatch).
     for (auto& s : p->socks_)
-      if (s.fd >= 0) ::shutdown(s.fd, SHUT_RDWR);
+      if (s.fd >= 0) ::shutdown(s.fd, SHUT_WR);
   }
 }
 
