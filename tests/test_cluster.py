@@ -19,8 +19,12 @@ import pytest
 import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.join(os.path.dirname(HERE), "python")
-sys.path.insert(0, PYDIR)
+try:  # the installed package (CI, users), else the checkout (PYTHONPATH=python after scripts/dev-build.sh)
+    import harp
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    import harp
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # where the ranks import harp from
 from harp.cluster import net, runner, topology as topo  # noqa: E402
 
 pytestmark = pytest.mark.netns
