@@ -205,12 +205,19 @@ s_client() {
     [ -n "$CCCL_INC" ] && inc+=(-I "$CCCL_INC")
     local cdir
     cdir=$(dirname "$CUDART")
-    if ! cc -O1 -Wall -DCLIENT_DEVICE -o "$exe" tests/nccl/client.c "${inc[@]}" -L "$NCCL_LIB" -l:libnccl.so.2 \
-        -L "$cdir" -l:"$(basename "$CUDART")" -Wl,-rpath,"$NCCL_LIB:$cdir" -ldl; then
-      [ -n "$NVCC" ] || { echo "NOTE: client build with cc failed, no nvcc"; exit 1; }
-      echo "== cc failed; building with nvcc"
+    local link=(-L "$NCCL_LIB" -l:libnccl.so.2 -L "$cdir" -l:"$(basename "$CUDART")" -Wl,-rpath,"$NCCL_LIB:$cdir" -ldl)
+    # as C (how test_nccl_client.py builds it); else as C++ (-fpermissive: malloc's void*), in case
+    # this CUDA's headers want C++; else nvcc
+    if cc -O1 -Wall -DCLIENT_DEVICE -o "$exe" tests/nccl/client.c "${inc[@]}" "${link[@]}"; then
+      echo "NOTE-build: cc (C)"
+    elif echo "== cc failed; trying c++ -x c++ -fpermissive" &&
+      c++ -x c++ -fpermissive -w -O1 -DCLIENT_DEVICE -o "$exe" tests/nccl/client.c "${inc[@]}" "${link[@]}"; then
+      echo "NOTE-build: c++ -fpermissive (C failed)"
+    else
+      [ -n "$NVCC" ] || { echo "NOTE: client build with cc and c++ failed, no nvcc"; exit 1; }
+      echo "== c++ failed; building with nvcc"
       "$NVCC" -O1 -DCLIENT_DEVICE --cudart shared -o "$exe" tests/nccl/client.c -I "$NCCL_INC" -L "$NCCL_LIB" \
-        -l:libnccl.so.2 -Xlinker -rpath,"$NCCL_LIB" -ldl || { echo "NOTE: client build failed (cc and nvcc)"; exit 1; }
+        -l:libnccl.so.2 -Xlinker -rpath,"$NCCL_LIB" -ldl || { echo "NOTE: client build failed (cc, c++, nvcc)"; exit 1; }
     fi
     ldd "$exe" | grep -E 'nccl|cudart'
     ldd "$exe" | grep -q "libnccl.so.2 => $NCCL_LIB" || { echo "NOTE: client is not linked to NVIDIA's libnccl.so.2"; exit 1; }
