@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of the NCCL-compatible layer's device-pointer path (bindings/nccl):
+# GPU check of the NCCL-compatible layer's device-pointer path (bindings/nccl) alone.
+# The full prepared GPU run (this, the real-NCCL client on device buffers, torch with CUDA
+# tensors, cupy, and the device-vs-host allreduce bench, with a report in $OUT) is
+# scripts/gpu-check.sh; this narrower script stays for quick reruns of device_check.py.
+#
 # runs tests/nccl/device_check.py (2 ranks on the GPU: every collective on
 # cudaMalloc'ed buffers, stream order with a non-blocking caller, grouped
 # send/recv, PreMulSum with a device scalar, ncclMemAlloc, ncclCommInitAll
@@ -19,7 +23,9 @@ echo "== gpu-check-nccl: $(date -u +%H:%M:%S) on $(hostname)"
 nvidia-smi -L 2>/dev/null || echo "(nvidia-smi not available)"
 if ! ls python/harp/libharp-nccl.so python/harp/libharp.so >/dev/null 2>&1; then
   echo "== libraries not carried: building (./scripts/dev-build.sh)"
-  ./scripts/dev-build.sh >/tmp/gpu-check-build.log 2>&1 || { tail -30 /tmp/gpu-check-build.log; exit 2; }
+  # no GoogleTest on the GPU machine: build without the C++ unit tests
+  HARP_BUILD_TESTS=OFF BUILD_DIR=build/gpu JOBS="$(nproc)" ./scripts/dev-build.sh >/tmp/gpu-check-build.log 2>&1 ||
+    { tail -30 /tmp/gpu-check-build.log; exit 2; }
 fi
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" HARP_TIMEOUT=60
 HARP_DEBUG=INFO python3 -c '

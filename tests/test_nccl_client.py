@@ -230,3 +230,25 @@ def test_header_facts_match_nvidia(nvidia_tree):
     out = subprocess.run([_cc(), "-std=c11", "-fsyntax-only", "-I", os.path.join(REPO, "bindings", "nccl"),
                           os.path.join(work, "ours.c")], capture_output=True, text=True)
     assert out.returncode == 0, "HARP's nccl.h disagrees with NVIDIA's:\n" + out.stderr
+
+
+def test_device_client_on_emulated_cuda(tmp_path):
+    """The client's device build (-DCLIENT_DEVICE, what scripts/gpu-check.sh runs on a GPU against
+    NVIDIA's nccl.h): every buffer is "device memory" of tests/nccl/emu_cudart.c, which host code
+    cannot read, so every rank passing means HARP staged every buffer through the runtime."""
+    emu = str(tmp_path / "libemucudart.so")
+    out = subprocess.run([_cc(), "-shared", "-fPIC", "-O1", "-o", emu, os.path.join(HERE, "nccl", "emu_cudart.c"),
+                          "-lpthread"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    exe = str(tmp_path / "client-device")
+    libdir = os.path.dirname(nccl.library_path())
+    cmd = [_cc(), "-O1", "-Wall", "-Werror", "-std=c11", "-DCLIENT_DEVICE", "-o", exe, CLIENT_SRC,
+           "-I", os.path.join(REPO, "bindings", "nccl"), "-L", libdir, "-l:libharp-nccl.so", "-L", str(tmp_path),
+           "-l:libemucudart.so", f"-Wl,-rpath,{libdir}:{tmp_path}", "-ldl"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for n in (2, 3):
+        for rank, (rc, o, e) in enumerate(_run(exe, n, tmp_path, {"HARP_CUDART": emu})):
+            m = re.search(r"PASS rank (\d+) calls=(\d+) served=(\d+) version=\d+ device=1", o)
+            assert rc == 0 and m, f"rank {rank} rc={rc}\n{o}\n{e[-3000:]}"
+            assert int(m.group(1)) == rank and m.group(2) == m.group(3)

@@ -176,6 +176,18 @@ def test_cuda_tensors_staged(tmp_path):
     assert not bad, "\n".join(bad)
 
 
+def test_gpu_torch_check_skips_cleanly_without_cuda():
+    """tests/gpu/torch_cuda_check.py (run on a GPU by scripts/gpu-check.sh) exits 0 with a clear SKIP
+    line where there is no CUDA, and 2 with --require-cuda."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: scripts/gpu-check.sh runs the real check")
+    script = os.path.join(ROOT, "tests", "gpu", "torch_cuda_check.py")
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("SKIP: no CUDA"), out.stdout + out.stderr
+    out = subprocess.run([sys.executable, script, "--require-cuda"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "SKIP: no CUDA" in out.stdout, out.stdout + out.stderr
+
+
 def test_cuda_absent_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")

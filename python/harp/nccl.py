@@ -104,8 +104,8 @@ _lib = None
 
 
 def _cudart_hint():
-    """Point libharp-nccl.so at a pip-installed CUDA runtime (nvidia-cuda-runtime-cu12,
-    as torch and cupy wheels bring) when the system has none on its library path."""
+    """Point libharp-nccl.so at a pip-installed CUDA runtime (nvidia-cuda-runtime-cu12 or the
+    CUDA 13 nvidia-cuda-runtime, as torch and cupy wheels bring) when the system has none on its library path."""
     if os.environ.get("HARP_CUDART"):
         return
     import ctypes.util
@@ -115,7 +115,9 @@ def _cudart_hint():
     if ctypes.util.find_library("cudart"):
         return
     for d in sys.path:
-        hits = sorted(glob.glob(os.path.join(d or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        # CUDA 12 wheels: nvidia/cuda_runtime/lib; CUDA 13 wheels (torch +cu130): nvidia/cu13/lib
+        hits = sorted(glob.glob(os.path.join(d or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.*")) +
+                      glob.glob(os.path.join(d or ".", "nvidia", "cu13", "lib", "libcudart.so.*")))
         if hits:
             os.environ["HARP_CUDART"] = hits[0]
             return

@@ -1,8 +1,8 @@
 """Device-pointer checks for harp.nccl / libharp-nccl.so (needs a CUDA GPU).
 
-    python tests/nccl/device_check.py [--ranks N]
+    python tests/nccl/device_check.py [--ranks N] [--part all|core|cupy]
 
-Run by scripts/gpu-check-nccl.sh on a GPU machine and by tests/test_nccl.py
+Run by scripts/gpu-check.sh (and gpu-check-nccl.sh) on a GPU machine and by tests/test_nccl.py
 when a GPU is present. Needs only a CUDA runtime library (libcudart.so.12 from
 the system, HARP_CUDART, or a pip-installed nvidia-cuda-runtime/torch); cupy is
 used for an extra check when installed. Ranks are spawned processes (CUDA does
@@ -20,8 +20,10 @@ Checks, each against values computed on the host:
   5. ncclMemAlloc returns device memory; mixed host send / device receive;
   6. ncclCommInitAll: two ranks as threads of one process, device buffers,
      each on its own stream, driven from one thread inside a group;
-  7. cupy arrays (when cupy is installed).
-Prints one line per check and "ALL DEVICE CHECKS PASSED" at the end.
+  7. cupy arrays (when cupy is installed; --part cupy runs this one alone and
+     fails when cupy cannot be imported).
+Prints one line per check and "ALL DEVICE CHECKS PASSED" at the end
+(--part core / --part cupy: "ALL DEVICE CHECKS PASSED (core)" / "(cupy)").
 """
 from __future__ import annotations
 
@@ -59,10 +61,20 @@ def load_nccl():
         return mod
 
 
+CUDART_NAMES = ("libcudart.so.12", "libcudart.so.13", "libcudart.so", "libcudart.so.11.0")
+# Where pip wheels and toolkits put libcudart: CUDA 12 wheels (nvidia/cuda_runtime/lib), CUDA 13 wheels
+# (nvidia/cu13/lib), torch's own lib folder, then the toolkit.
+CUDART_GLOBS = ("nvidia/cuda_runtime/lib/libcudart.so*", "nvidia/cu13/lib/libcudart.so*", "nvidia/cu12/lib/libcudart.so*",
+                "torch/lib/libcudart*.so*")
+CUDART_SYSTEM = ("/usr/local/cuda/lib64/libcudart.so*", "/usr/local/cuda/targets/x86_64-linux/lib/libcudart.so*",
+                 "/usr/lib/x86_64-linux-gnu/libcudart.so*")
+
+
 def find_cudart() -> str:
+    """HARP_CUDART, else a libcudart on the library path, else one from pip wheels or the toolkit."""
     if os.environ.get("HARP_CUDART"):
         return os.environ["HARP_CUDART"]
-    for name in ("libcudart.so.12", "libcudart.so", "libcudart.so.11.0"):
+    for name in CUDART_NAMES:
         try:
             ctypes.CDLL(name)
             return name
@@ -70,10 +82,14 @@ def find_cudart() -> str:
             pass
     dirs = site.getsitepackages() + [site.getusersitepackages()] + sys.path
     for d in dirs:
-        for pat in ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*"):
-            hits = sorted(glob.glob(os.path.join(d, pat)))
+        for pat in CUDART_GLOBS:
+            hits = sorted(h for h in glob.glob(os.path.join(d, pat)) if not h.endswith(".a"))
             if hits:
-                return hits[0]
+                return hits[-1]
+    for pat in CUDART_SYSTEM:
+        hits = sorted(glob.glob(pat))
+        if hits:
+            return hits[-1]
     raise SystemExit("device_check: no libcudart found (set HARP_CUDART=/path/to/libcudart.so.12)")
 
 
@@ -323,21 +339,31 @@ def run(target, size, *args, timeout=180):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--part", choices=("all", "core", "cupy"), default="all",
+                    help="core: checks 1-6 (ctypes + libcudart); cupy: check 7 alone, and a missing cupy is an "
+                         "error (exit 3); all (default): both, cupy skipped when not installed")
     a = ap.parse_args()
-    cudart = find_cudart()
-    print(f"libcudart: {cudart}")
     os.environ.setdefault("HARP_TIMEOUT", "60")
-    for line in run(rank_main, a.ranks, cudart):
-        print(line)
-    print(init_all_check(cudart))
-    try:
-        import cupy  # noqa: F401
-
-        for line in run(cupy_check, a.ranks):
+    if a.part in ("all", "core"):
+        cudart = find_cudart()
+        print(f"libcudart: {cudart}")
+        for line in run(rank_main, a.ranks, cudart):
             print(line)
-    except ImportError:
-        print("cupy not installed: cupy check skipped (ctypes+cudart checks above cover the device path)")
-    print("ALL DEVICE CHECKS PASSED")
+        print(init_all_check(cudart))
+    if a.part in ("all", "cupy"):
+        try:
+            import cupy
+
+            print(f"cupy {cupy.__version__}")
+        except ImportError as e:
+            if a.part == "cupy":
+                print(f"FAILED: cupy not importable: {e}")
+                sys.exit(3)
+            print("cupy not installed: cupy check skipped (ctypes+cudart checks above cover the device path)")
+        else:
+            for line in run(cupy_check, a.ranks):
+                print(line)
+    print("ALL DEVICE CHECKS PASSED" if a.part == "all" else f"ALL DEVICE CHECKS PASSED ({a.part})")
 
 
 if __name__ == "__main__":
