@@ -64,10 +64,13 @@ def make_venv(path, wheel):
     """A fresh venv with `wheel` installed; returns its bin directory."""
     run([sys.executable, "-m", "venv", "--clear", str(path)], timeout=300)
     py = os.path.join(path, "bin", "python")
+    # Install first, then borrow the outer numpy: the .pth also exposes the outer site-packages,
+    # which may hold a harp of its own (CI's .venv), and pip would call that one "already satisfied".
+    run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel], timeout=600,
+        env=clean_env())
     site = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     with open(os.path.join(site, "outer_numpy.pth"), "w") as f:
         f.write(os.path.dirname(os.path.dirname(numpy.__file__)) + "\n")
-    run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], timeout=600, env=clean_env())
     return os.path.join(path, "bin")
 
 
