@@ -53,7 +53,7 @@ def build_wheel(name, **env):
     if shutil.which("ccache"):
         cmake_args += " -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
     run([sys.executable, "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps", "-q", "-w", out,
-         "-C", f"build-dir={os.path.join(BUILD, name, 'build')}"],
+         "--config-settings", f"build-dir={os.path.join(BUILD, name, 'build')}"],
         cwd=ROOT, env=clean_env(CMAKE_ARGS=cmake_args, CCACHE_BASEDIR=ROOT, **env))
     wheels = glob.glob(os.path.join(out, "harp-*.whl"))
     assert len(wheels) == 1, wheels
