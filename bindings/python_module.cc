@@ -15,9 +15,9 @@
 #include <pybind11/stl.h>
 
 #include "core/algorithms/registry.h"
-#include "core/bootstrap.h"
+#include "core/base/bootstrap.h"
 #include "core/communicator.h"
-#include "core/reduce.h"
+#include "core/base/reduce.h"
 #include "transport/transport.h"
 
 namespace py = pybind11;

@@ -13,10 +13,10 @@
 
 #include "core/algorithms/registry.h"
 #include "core/context.h"
-#include "core/env.h"
-#include "core/log.h"
-#include "core/rendezvous.h"
-#include "core/reduce.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/rendezvous.h"
+#include "core/base/reduce.h"
 #include "core/tuning.h"
 
 namespace harp {
@@ -157,7 +157,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   if (!store) throw InvalidArgument("no store given");
   double timeout = resolveTimeout(opts.timeout_s);
   // Check in first: a bad rank/size, a duplicate or a missing rank is
-  // reported to every rank through the store (core/rendezvous.h).
+  // reported to every rank through the store (core/base/rendezvous.h).
   rendezvous(*store, rank, size, timeout);
   try {
     std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));

@@ -34,10 +34,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/bootstrap.h"
-#include "core/store.h"
+#include "core/base/bootstrap.h"
+#include "core/base/store.h"
 #include "core/tuning.h"
-#include "core/types.h"
+#include "core/base/types.h"
 #include "transport/transport.h"
 
 namespace harp {

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/env.h"
-#include "core/log.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
 
 namespace harp {
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "core/communicator.h"
-#include "core/socket.h"
+#include "core/base/socket.h"
 #include "transport/transport.h"
 
 namespace harp {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/types.h"
+#include "core/base/types.h"
 
 namespace harp {
 

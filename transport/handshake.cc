@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/crypto.h"
-#include "core/env.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/crypto.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp::transport {
 

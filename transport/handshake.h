@@ -46,7 +46,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/socket.h"
+#include "core/base/socket.h"
 
 namespace harp::transport {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp::cuda {
 namespace {

@@ -23,7 +23,7 @@
 
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
-#include "core/log.h"
+#include "core/base/log.h"
 
 using namespace harp;
 using namespace harp::nccl;

@@ -35,9 +35,9 @@
 #include <cstring>
 
 #include "core/algorithms/registry.h"
-#include "core/env.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/reduce.h"
 #include "transport/shm/shm_transport.h"
 
 namespace harp {

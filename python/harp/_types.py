@@ -1,6 +1,6 @@
 """Datatypes, reduction ops and collective codes shared with the C++ core.
 
-The integer values match core/types.h (part of the binding ABI).
+The integer values match core/base/types.h (part of the binding ABI).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ _OP_NAMES = {
     "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
 }
 
-# Bytes per element of each HARP datatype (core/types.cc dtypeSize).
+# Bytes per element of each HARP datatype (core/base/types.cc dtypeSize).
 ITEMSIZE = {DataType.int8: 1, DataType.uint8: 1, DataType.int32: 4, DataType.uint32: 4, DataType.int64: 8,
             DataType.uint64: 8, DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4,
             DataType.float64: 8, DataType.bool: 1}

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/reduce.h"
+#include "core/base/reduce.h"
 
 using namespace harp;
 

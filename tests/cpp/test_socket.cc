@@ -5,10 +5,10 @@
 #include <chrono>
 #include <thread>
 
-#include "core/bootstrap.h"
-#include "core/socket.h"
-#include "core/store.h"
-#include "core/types.h"
+#include "core/base/bootstrap.h"
+#include "core/base/socket.h"
+#include "core/base/store.h"
+#include "core/base/types.h"
 
 using namespace harp;
 

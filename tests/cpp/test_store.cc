@@ -8,10 +8,10 @@
 #include <limits>
 #include <random>
 
-#include "core/env.h"
-#include "core/socket.h"
-#include "core/store.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/socket.h"
+#include "core/base/store.h"
+#include "core/base/types.h"
 
 using namespace harp;
 using namespace harp::store_wire;

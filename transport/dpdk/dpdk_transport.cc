@@ -17,10 +17,10 @@
 #include <map>
 #include <sstream>
 
-#include "core/crypto.h"
-#include "core/env.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/crypto.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp::dpdk {
 

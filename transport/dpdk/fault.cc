@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "core/env.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/types.h"
 
 namespace harp::dpdk {
 

@@ -22,9 +22,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp::dpdk {
 namespace {

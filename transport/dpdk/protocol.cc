@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "core/log.h"
+#include "core/base/log.h"
 
 namespace harp::dpdk {
 

@@ -14,9 +14,9 @@
 #include <climits>
 #include <cstring>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp::transport::shm {
 namespace {

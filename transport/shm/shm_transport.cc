@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/socket.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/socket.h"
 
 namespace harp::transport::shm {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/socket.h"
+#include "core/base/socket.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 

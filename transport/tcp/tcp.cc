@@ -36,9 +36,9 @@
 #include <map>
 #include <mutex>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/socket.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/socket.h"
 #include "transport/handshake.h"
 #include "transport/transport.h"
 

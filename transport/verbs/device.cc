@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/env.h"
+#include "core/base/env.h"
 
 namespace harp::transport::verbs {
 

@@ -17,8 +17,8 @@
 // Called only by the transport's driving thread, under drive_mu_.
 #include <cstring>
 
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 #include "transport/verbs/verbs.h"
 
 namespace harp::transport::verbs {

@@ -15,9 +15,9 @@
 #include <cstring>
 #include <thread>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 #include "transport/verbs/verbs.h"
 
 namespace harp::transport::verbs {

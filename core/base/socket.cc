@@ -1,4 +1,4 @@
-#include "core/socket.h"
+#include "core/base/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <thread>
 
-#include "core/env.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/types.h"
 
 namespace harp {
 

@@ -1,4 +1,4 @@
-#include "core/reduce.h"
+#include "core/base/reduce.h"
 
 #include <string>
 #include <type_traits>

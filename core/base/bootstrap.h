@@ -1,13 +1,13 @@
-// core/bootstrap.h — unique ids and the rank-discovery step.
+// core/base/bootstrap.h — unique ids and the rank-discovery step.
 //
 // A UniqueId is 128 opaque bytes (NCCL's ncclUniqueId size) that one process
 // creates and hands to every rank out of band (an environment variable, a
 // broadcast through MPI, a file). It carries the root's store address and a
 // random 32-byte secret; the store and the transports authenticate every
 // connection with a challenge-response keyed by (a key derived from) that
-// secret (core/crypto.h), so a stray or hostile connection is refused and
+// secret (core/base/crypto.h), so a stray or hostile connection is refused and
 // logged, and the secret itself never travels. Treat a unique id like a
-// password. It serves one communicator (core/rendezvous.h).
+// password. It serves one communicator (core/base/rendezvous.h).
 //
 // Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
 // 32 B secret | reserved zeros.
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "core/socket.h"
-#include "core/store.h"
+#include "core/base/socket.h"
+#include "core/base/store.h"
 
 namespace harp {
 

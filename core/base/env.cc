@@ -1,4 +1,4 @@
-#include "core/env.h"
+#include "core/base/env.h"
 
 #include <sched.h>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "core/types.h"
+#include "core/base/types.h"
 
 namespace harp::env {
 

@@ -1,11 +1,11 @@
-// core/rendezvous.cc — see rendezvous.h for the keys and the protocol.
-#include "core/rendezvous.h"
+// core/base/rendezvous.cc — see rendezvous.h for the keys and the protocol.
+#include "core/base/rendezvous.h"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "core/bootstrap.h"
-#include "core/log.h"
+#include "core/base/bootstrap.h"
+#include "core/base/log.h"
 
 namespace harp {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/types.h"
+#include "core/base/types.h"
 
 #include <cstring>
 

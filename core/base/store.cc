@@ -1,6 +1,6 @@
 // TcpStore wire protocol (all integers little-endian; limits in store.h).
 //
-// Hello: the mutual challenge-response of core/crypto.h, key K =
+// Hello: the mutual challenge-response of core/base/crypto.h, key K =
 // crypto::deriveKey(job secret, "store"), context "harp-store":
 //   client -> server  "HARPSTR2" | na (32 B random)
 //   server -> client  nb (32 B random) | proof(K, 'B', na, nb, ctx)   (32 B)
@@ -27,7 +27,7 @@
 //   7 FORMED           -> u8 1 (a communicator formed; see TcpStoreServer)
 // keys := u32 n (<= 64) | n x (u32 len | key)
 // Any other command, or a request over a limit, disconnects the client.
-#include "core/store.h"
+#include "core/base/store.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -39,9 +39,9 @@
 #include <list>
 #include <map>
 
-#include "core/crypto.h"
-#include "core/log.h"
-#include "core/types.h"
+#include "core/base/crypto.h"
+#include "core/base/log.h"
+#include "core/base/types.h"
 
 namespace harp {
 namespace store_wire {

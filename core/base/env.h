@@ -1,4 +1,4 @@
-// core/env.h — typed access to HARP_* environment variables, and the CPUs the
+// core/base/env.h — typed access to HARP_* environment variables, and the CPUs the
 // process may use.
 // Parsing errors throw harp::Error naming the variable and the bad value.
 #pragma once

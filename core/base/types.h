@@ -1,4 +1,4 @@
-// core/types.h — the vocabulary every HARP layer shares: datatypes, reduction
+// core/base/types.h — the vocabulary every HARP layer shares: datatypes, reduction
 // operators, collective kinds, and the error type.
 //
 // Everything here is plain data and free functions; it is safe to use from any

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/reduce.h"
+#include "core/base/reduce.h"
 
 #ifndef HARP_KERNEL_ISA
 #error "HARP_KERNEL_ISA must be defined"

@@ -1,4 +1,4 @@
-// core/reduce.h — elementwise reduction kernels.
+// core/base/reduce.h — elementwise reduction kernels.
 //
 // reduce(out, a, b, n): out[i] = op(a[i], b[i]). `out` may alias `a` or `b`.
 // AVG reduces as SUM; the division happens once, at the end, in finalizeAvg.
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/types.h"
+#include "core/base/types.h"
 
 namespace harp {
 

@@ -1,4 +1,4 @@
-// core/store.h — the key-value store used for rendezvous (gloo's "store").
+// core/base/store.h — the key-value store used for rendezvous (gloo's "store").
 //
 // A Store is how ranks that know nothing about each other but one address find
 // each other: each rank publishes its transport addresses under a key and reads
@@ -16,7 +16,7 @@
 //   at most kMaxPendingHellos at once (the oldest is dropped first).
 //
 // The optional methods (waitAny, check, setOnClose, setIfAbsent) let the
-// rendezvous report problems within seconds (core/rendezvous.h); a Store that
+// rendezvous report problems within seconds (core/base/rendezvous.h); a Store that
 // does not implement them (the torch adapter) still works, with the plain
 // get() timeout as the only diagnosis.
 //
@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/socket.h"
+#include "core/base/socket.h"
 
 namespace harp {
 
@@ -113,7 +113,7 @@ constexpr size_t kSecretBytes = 32;
 // Lifetime: the server thread ends by itself (closing its port) once a
 // communicator it served has formed (a client sent FORMED) and every client
 // has disconnected — nothing can use it any more: a unique id serves one
-// communicator (core/rendezvous.h), and split() runs over connected clients.
+// communicator (core/base/rendezvous.h), and split() runs over connected clients.
 // The object itself is freed by the destructor (or reaped by bootstrap.cc).
 class TcpStoreServer {
  public:

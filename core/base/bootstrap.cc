@@ -1,4 +1,4 @@
-#include "core/bootstrap.h"
+#include "core/base/bootstrap.h"
 
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -9,10 +9,10 @@
 #include <map>
 #include <mutex>
 
-#include "core/env.h"
-#include "core/log.h"
-#include "core/rendezvous.h"
-#include "core/types.h"
+#include "core/base/env.h"
+#include "core/base/log.h"
+#include "core/base/rendezvous.h"
+#include "core/base/types.h"
 
 namespace harp {
 namespace {
