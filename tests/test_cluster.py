@@ -25,7 +25,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     import harp
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # where the ranks import harp from
-from harp.cluster import net, runner, topology as topo  # noqa: E402
+from harp.cluster import net, runner, slurm, topology as topo  # noqa: E402
 
 pytestmark = pytest.mark.netns
 
@@ -167,15 +167,17 @@ def _results(out, n):
     return sorted(lines, key=lambda l: int(l[1]))
 
 
-@pytest.mark.parametrize("launcher", ["harp", "torchrun", "mpirun"])
+@pytest.mark.parametrize("launcher", ["harp", "torchrun", "mpirun", "slurm"])
 def test_three_hosts_run_the_collectives_and_a_ddp_step(cluster, launcher, tmp_path):
     if launcher == "torchrun" and not HAVE_TORCH:
         pytest.skip("torch is not installed")
     if launcher == "mpirun" and subprocess.run(["which", "mpirun"], capture_output=True).returncode:
         pytest.skip("Open MPI (mpirun) is not installed")
+    if launcher == "slurm" and slurm.available():
+        pytest.skip(slurm.available())
     prog = tmp_path / "job.py"
     prog.write_text(JOB)
-    ppn = 2 if launcher == "harp" else 1
+    ppn = 2 if launcher in ("harp", "slurm") else 1
     r = _cli("run", "--name", cluster["name"], "--hosts", "3", "--ppn", str(ppn), "--launcher", launcher,
              "--timeout", "180", "--", sys.executable, str(prog), "ddp" if HAVE_TORCH else "no")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -189,6 +191,37 @@ def test_three_hosts_run_the_collectives_and_a_ddp_step(cluster, launcher, tmp_p
         assert host == topo.hostname(cluster["name"], int(rank) // ppn), line
     if ppn > 1:
         assert all("shm" in l[4].split(",") for l in res), res
+
+
+SLURM_JOB = textwrap.dedent("""
+    import os, socket
+    import numpy as np
+    for k in ("HARP_ADDR", "MASTER_ADDR", "MASTER_PORT", "HARP_UNIQUE_ID"):
+        os.environ.pop(k, None)
+    import harp
+    comm = harp.init(timeout=60)
+    x = np.full(1001, comm.rank + 1, np.float64)
+    comm.allreduce(x)
+    n = comm.size
+    os.write(1, f"RESULT {comm.rank} {n} {bool(np.all(x == n * (n + 1) / 2))} {socket.gethostname()} "
+                f"{os.environ['SLURM_STEP_NODELIST']}\\n".encode())
+""")
+
+
+def test_slurm_step_without_an_address(cluster, tmp_path):
+    """srun -N 3 --ntasks-per-node 2 with only HARP_SECRET: harp.init() finds rank 0 from the node list."""
+    if slurm.available():
+        pytest.skip(slurm.available())
+    prog = tmp_path / "job.py"
+    prog.write_text(SLURM_JOB)
+    r = _cli("run", "--name", cluster["name"], "--hosts", "3", "--ppn", "2", "--launcher", "slurm",
+             "--timeout", "150", "--", sys.executable, str(prog))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = _results(r.stdout, 6)
+    for rank, size, ok, host, nodes in (l[1:] for l in res):
+        assert size == "6" and ok == "True", res
+        assert host == topo.hostname(cluster["name"], int(rank) // 2), res
+        assert nodes == f"{cluster['name']}-node[0-2]", res
 
 
 def _failing_job(cluster, tmp_path, cut):

@@ -67,7 +67,7 @@ def scaling(a, name, hosts_list):
 
 def launchers(a, name, hosts):
     recs = [train(name, hosts, "gloo", "harp", a.steps, a.warmup)]
-    for launcher in ("harp", "torchrun", "mpirun"):
+    for launcher in a.launchers.split(","):
         recs.append(train(name, hosts, "harp", launcher, a.steps, a.warmup))
     ref = recs[0]["final_loss"]
     for r in recs:
@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--launchers-only", action="store_true")
+    ap.add_argument("--launchers", default="harp,torchrun,mpirun,slurm",
+                    help="with --launchers-only: the launchers running the harp backend (gloo runs under harp)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]

@@ -6,7 +6,9 @@ Understood, in this order:
   * torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK. HARP's
     root listens on MASTER_PORT + 1 (torchrun's own store may hold MASTER_PORT).
   * Open MPI: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (+ HARP_ADDR).
-  * Slurm: SLURM_PROCID / SLURM_NTASKS (+ HARP_ADDR).
+  * Slurm: SLURM_PROCID / SLURM_NTASKS; without HARP_ADDR or MASTER_ADDR,
+    rank 0's host is the first node of SLURM_STEP_NODELIST and the port comes
+    from the job and step ids (harp/_slurm.py; HARP_PORT overrides it).
 With an address instead of a unique id, rank 0 serves the bootstrap store
 there, and every rank must hold the same HARP_SECRET (the store and every
 data-plane connection authenticate with keys derived from it; see
@@ -22,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from . import _harp
+from . import _harp, _slurm
 from .comm import Communicator, UniqueId
 from .errors import HarpError, InvalidArgumentError
 
@@ -53,6 +55,9 @@ def _address(env):
         return env["HARP_ADDR"]
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"{env['MASTER_ADDR']}:{int(env['MASTER_PORT']) + 1}"
+    slurm = _slurm.step_address(env)
+    if slurm:
+        return slurm
     raise InvalidArgumentError(
         "harp.init(): no rendezvous address; set HARP_ADDR=host:port (rank 0's host), or HARP_UNIQUE_ID, "
         "or MASTER_ADDR/MASTER_PORT")

@@ -1,7 +1,7 @@
 """harp-cluster: command line of the VPC arena (see harp.cluster).
 
     harp-cluster up --hosts 4 [--rate 1gbit] [--mtu 1500] [--nics 1|2] [--flow-cap RATE] [--congestion bbr]
-    harp-cluster run --hosts 4 --ppn 1 [--launcher harp|torchrun|mpirun] [--timeout S] -- CMD ...
+    harp-cluster run --hosts 4 --ppn 1 [--launcher harp|torchrun|mpirun|slurm] [--timeout S] -- CMD ...
     harp-cluster status [--json]
     harp-cluster down [--all]
 

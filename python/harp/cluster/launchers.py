@@ -9,9 +9,11 @@ harp:     one process per rank, harp-run's environment (HARP_UNIQUE_ID of a
 torchrun: one `torchrun` agent per host, c10d rendezvous at host 0:29400.
 mpirun:   Open MPI's mpirun started on host 0, reaching the other hosts with an
           rsh agent script that nsenters their namespaces; TCP BTL on eth0.
-Address-based launches (torchrun, mpirun) get HARP_SECRET, a fresh random
-value per job, as harp.init() needs it there; HARP_ADDR for mpirun. Under harp
-and mpirun the arena also sets MASTER_ADDR/MASTER_PORT (host 0:29510), as job
+slurm:    Slurm's srun on host 0, against a slurmctld on host 0 and one slurmd
+          per host that runner.run starts for the job (harp.cluster.slurm).
+Address-based launches (torchrun, mpirun, slurm) get HARP_SECRET, a fresh random
+value per job, as harp.init() needs it there; HARP_ADDR for mpirun and slurm. Under harp
+mpirun and slurm the arena also sets MASTER_ADDR/MASTER_PORT (host 0:29510), as job
 scripts on real clusters do, so init_process_group(rank=, world_size=) works.
 """
 from __future__ import annotations
@@ -23,9 +25,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from . import slurm
 from . import topology as topo
 
-LAUNCHERS = ("harp", "torchrun", "mpirun")
+LAUNCHERS = ("harp", "torchrun", "mpirun", "slurm")
 TORCH_RDZV_PORT = 29400
 HARP_MPI_PORT = 29500
 TORCH_STORE_PORT = 29510
@@ -103,6 +106,12 @@ def _mpirun(st, hosts, ppn, cmd, env):
     return [Spec(0, argv, e, "mpirun")]
 
 
+def _slurm(st, hosts, ppn, cmd, env, job):
+    e = dict(env, HARP_ADDR=f"{topo.address(st['slot'], 0)}:{HARP_MPI_PORT}",
+             SLURM_CONF=slurm.conf_path(slurm.job_dir(st, job)))
+    return [Spec(0, slurm.srun_argv(slurm.job_dir(st, job), hosts, ppn, python_cmd(cmd)), e, "srun")]
+
+
 def plan(st, launcher, hosts, ppn, cmd, base_env, job, uid_hex=None):
     """Specs for one job; base_env already carries the job tag."""
     env = dict(base_env)
@@ -116,7 +125,9 @@ def plan(st, launcher, hosts, ppn, cmd, base_env, job, uid_hex=None):
         return _torchrun(st, hosts, ppn, cmd, env, job)
     if launcher == "mpirun":
         return _mpirun(st, hosts, ppn, cmd, env)
-    raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)} (slurm is not implemented)")
+    if launcher == "slurm":
+        return _slurm(st, hosts, ppn, cmd, env, job)
+    raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
 
 
 def shell_line(spec):

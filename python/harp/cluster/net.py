@@ -14,6 +14,7 @@ Blocking: every command here has a timeout (CMD_TIMEOUT seconds).
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -211,6 +212,9 @@ def down(st):
             os.unlink(os.path.join(topo.STATE_DIR, st["name"] + suffix))
         except FileNotFoundError:
             pass
+    for f in os.listdir(topo.STATE_DIR) if os.path.isdir(topo.STATE_DIR) else []:
+        if f.startswith(st["name"] + ".slurm-"):  # a Slurm job folder a killed run left (cluster/slurm.py)
+            shutil.rmtree(os.path.join(topo.STATE_DIR, f), ignore_errors=True)
     with topo.locked():
         topo.remove(st["name"])
     return problems

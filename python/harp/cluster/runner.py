@@ -21,6 +21,7 @@ import time
 
 from . import launchers
 from . import net
+from . import slurm
 from . import topology as topo
 
 JOB_VAR = "HARP_CLUSTER_JOB"
@@ -127,11 +128,15 @@ def run(st, launcher, hosts, ppn, cmd, timeout=None, grace=5.0, env=None, reaper
         start_reaper(job, st["name"] if st.get("owner_pid") == os.getpid() else None)
     old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     procs = []
+    slurm_dir = None
     try:
         uid = None
         if launcher == "harp":
             server, uid = _store_server(st, base)
             procs.append(server)
+        elif launcher == "slurm":
+            slurm_dir = slurm.job_dir(st, job)
+            slurm.start(st, hosts, ppn, base, job, nsenter)
         specs = launchers.plan(st, launcher, hosts, ppn, cmd, base, job, uid)
         for s in specs:
             procs.append(subprocess.Popen(nsenter(st["holders"][s.host]) + s.argv, env=s.env,
@@ -141,6 +146,8 @@ def run(st, launcher, hosts, ppn, cmd, timeout=None, grace=5.0, env=None, reaper
         kill_job(job)
         for p in procs:
             p.poll()
+        if slurm_dir:
+            slurm.remove(slurm_dir)
         for s, h in old.items():
             signal.signal(s, h)
 
