@@ -6,7 +6,9 @@
 The launcher creates the job's unique id and serves the bootstrap store; each
 rank gets HARP_UNIQUE_ID, HARP_RANK, HARP_WORLD_SIZE, HARP_LOCAL_RANK and
 HARP_LOCAL_WORLD_SIZE (plus RANK/WORLD_SIZE/LOCAL_RANK for code written for
-torchrun). If a rank fails, the others are stopped after --grace seconds and
+torchrun), and MASTER_ADDR/MASTER_PORT (127.0.0.1 and a free port, unless
+already set) so `init_process_group("harp")` with env:// works unmodified, as
+under torchrun. If a rank fails, the others are stopped after --grace seconds and
 harp-run exits with the failing rank's status.
 """
 from __future__ import annotations
@@ -38,6 +40,12 @@ def spawn(nranks, cmd, env_extra=None, grace=5.0, quiet=False):
     uid = get_unique_id(os.environ.get("HARP_LAUNCH_BIND", "127.0.0.1:0"))
     base = dict(os.environ)
     base.update(env_extra or {})
+    if "MASTER_ADDR" not in base:  # torch's env:// rendezvous, as torchrun provides it
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     procs = [subprocess.Popen(cmd, env=rank_env(base, uid.hex(), r, nranks)) for r in range(nranks)]
     status = 0
     failed_at = None

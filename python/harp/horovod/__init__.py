@@ -1,0 +1,36 @@
+"""harp.horovod: Horovod's API on HARP, for Horovod scripts that should keep running.
+
+    import harp.horovod.torch as hvd      # instead of: import horovod.torch as hvd
+    hvd.init()
+    torch.manual_seed(hvd.rank())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.fp16, backward_passes_per_step=2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+Horovod's last release (0.28.1, 2023) does not build against current torch; this
+package gives its commonly used torch surface on a HARP communicator, with the
+same names, arguments and results. Launch with anything harp.init() understands
+(harp-run -np N, torchrun, mpirun, srun; `horovodrun -np N python train.py`
+becomes `harp-run -np N python train.py`).
+
+What is here (harp.horovod.torch): init/shutdown/is_initialized, rank, size,
+local_rank, local_size, cross_rank, cross_size; allreduce, allreduce_, and their
+_async forms with synchronize/poll; grouped_allreduce (fused into one HARP
+allreduce per dtype); allgather (first dimensions may differ between ranks),
+broadcast, broadcast_, alltoall (with splits), barrier; broadcast_object,
+allgather_object, broadcast_parameters, broadcast_optimizer_state;
+DistributedOptimizer (gradient hooks start asynchronous allreduces as gradients
+become ready; backward_passes_per_step, op, gradient_predivide_factor,
+compression, synchronize / skip_synchronize); Compression.none / fp16; ops
+Average, Sum, Min, Max, Product.
+
+What is not (each raises NotImplementedError naming it): Adasum, process sets
+other than the global one, join() (needs every collective to carry a
+negotiation, which HARP's ordered collectives do not), and elastic training
+(hvd.elastic needs communicator repair: HARP issue 18). Tensors must be on the
+CPU (HARP's torch backend serves CUDA tensors; this front does not yet).
+
+Threading: like Horovod, one communicator per process, shared by every call;
+asynchronous operations complete in the order they were started.
+"""

@@ -1,0 +1,255 @@
+"""harp.horovod.torch: Horovod's torch API on HARP, checked against local references.
+
+Ranks are real processes (tests/harness.py) on tcp and shm, 3 ranks (not a power
+of two). Every collective result is compared with what numpy/torch compute
+locally from every rank's (seeded) input; the training test compares a
+Horovod-style script (examples/horovod/train_convnet.py, unmodified but for its
+import) with the same training under torch DDP.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import harness  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+N = 3
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+
+
+def _data(rank, dtype, shape=(7, 3)):
+    g = torch.Generator().manual_seed(17 + rank)
+    x = torch.randint(-4, 5, shape, generator=g).to(getattr(torch, dtype))
+    return x if dtype.startswith("int") else x + torch.rand(shape, generator=g).to(getattr(torch, dtype)) / 4
+
+
+def _ops_body(rank, size):
+    import harp.horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for dt in DTYPES:
+        x = _data(rank, dt)
+        keep = x.clone()
+        for name in ("Sum", "Min", "Max", "Product", "Average"):
+            if name == "Average" and dt.startswith("int"):
+                continue
+            out[(dt, name)] = hvd.allreduce(x, op=getattr(hvd, name)).double().numpy()
+        assert torch.equal(x, keep), "out-of-place allreduce changed its input"
+        y = x.t()  # not contiguous: in place through a contiguous copy
+        hvd.allreduce_(y, op=hvd.Sum)
+        out[(dt, "inplace_t")] = y.double().numpy()
+    x = _data(rank, "float32")
+    h = hvd.allreduce_async(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    out["scaled"] = hvd.synchronize(h).double().numpy()
+    with pytest.raises(ValueError, match="unknown or already synchronized"):
+        hvd.synchronize(h)
+    grouped = hvd.grouped_allreduce([_data(rank, "float32", (5,)), _data(rank, "int64", (4,)),
+                                     _data(rank, "float32", (2, 2))], op=hvd.Sum)
+    out["grouped"] = [t.double().numpy() for t in grouped]
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(x, op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="join"):
+        hvd.join()
+    hvd.shutdown()
+    return out
+
+
+def test_allreduce_every_op_and_dtype_matches_a_local_reference():
+    # tcp here; the optimizer tests below run on shm
+    res = harness.run_ranks(N, _ops_body, env={"HARP_TRANSPORT": "tcp"}, timeout=240)
+    for dt in DTYPES:
+        xs = np.stack([_data(r, dt).double().numpy() for r in range(N)])
+        refs = {"Sum": xs.sum(0), "Min": xs.min(0), "Max": xs.max(0), "Product": xs.prod(0),
+                "Average": xs.mean(0), "inplace_t": xs.sum(0).T}
+        tol = {"float16": 2e-2, "bfloat16": 6e-2}.get(dt, 1e-6)
+        for name, ref in refs.items():
+            if (dt, name) not in res[0]:
+                continue
+            # the reference rounded to the dtype, as every rank's contribution is
+            want = torch.from_numpy(ref).to(getattr(torch, dt)).double().numpy()
+            for r in range(N):
+                got = res[r][(dt, name)]
+                assert np.allclose(got, want, rtol=tol, atol=tol), (dt, name, r, got, want)
+                assert np.array_equal(got, res[0][(dt, name)]), (dt, name, "ranks differ")
+    xs = np.stack([_data(r, "float32").double().numpy() for r in range(N)])
+    assert np.allclose(res[1]["scaled"], (2.0 * xs).sum(0) * 0.25, rtol=1e-6)
+    gx = [np.stack([_data(r, dt, shp).double().numpy() for r in range(N)]).sum(0)
+          for dt, shp in (("float32", (5,)), ("int64", (4,)), ("float32", (2, 2)))]
+    for got, want in zip(res[2]["grouped"], gx):
+        assert np.allclose(got, want, rtol=1e-6), (got, want)
+
+
+def _movement_body(rank, size):
+    import harp
+    import harp.horovod.torch as hvd
+    hvd.init()
+    out = {}
+    out["allgather"] = hvd.allgather(torch.full((rank + 1, 2), rank, dtype=torch.bfloat16)).float().numpy()
+    out["bcast"] = hvd.broadcast(torch.arange(5, dtype=torch.float64) * (rank + 1), root_rank=2).numpy()
+    t = torch.arange(4, dtype=torch.int32) + 10 * rank
+    hvd.broadcast_(t, root_rank=1)
+    out["bcast_"] = t.numpy()
+    splits = [(rank + d) % 3 for d in range(size)]  # uneven, some empty
+    rows = torch.arange(sum(splits) * 2, dtype=torch.float32).reshape(-1, 2) + 100 * rank
+    got, rsplits = hvd.alltoall(rows, splits=splits)
+    out["alltoall"] = (got.numpy(), rsplits.tolist(), splits)
+    out["object"] = hvd.broadcast_object({"from": rank, "list": list(range(rank + 3))}, root_rank=1)
+    out["objects"] = hvd.allgather_object(("rank", rank))
+    out["local"] = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
+    try:  # trailing dimensions disagree: every rank is told, naming the ranks
+        hvd.allgather(torch.zeros(2, 3 if rank == 1 else 4))
+        out["mismatch"] = None
+    except harp.HarpError as e:
+        out["mismatch"] = str(e)
+    hvd.shutdown()
+    return out
+
+
+def test_allgather_broadcast_alltoall_objects():
+    res = harness.run_ranks(N, _movement_body, env={"HARP_TRANSPORT": "tcp"}, timeout=240)
+    want_ag = np.concatenate([np.full((r + 1, 2), r, np.float32) for r in range(N)])
+    for r in range(N):
+        o = res[r]
+        assert np.array_equal(o["allgather"], want_ag)
+        assert np.array_equal(o["bcast"], np.arange(5) * 3.0)
+        assert np.array_equal(o["bcast_"], np.arange(4) + 10)
+        got, rsplits, _ = o["alltoall"]
+        assert rsplits == [res[src]["alltoall"][2][r] for src in range(N)]
+        want = []
+        for src in range(N):
+            s = res[src]["alltoall"][2]
+            base = np.arange(sum(s) * 2, dtype=np.float32).reshape(-1, 2) + 100 * src
+            want.append(base[sum(s[:r]):sum(s[:r + 1])])
+        assert np.array_equal(got, np.concatenate(want)), (r, got)
+        assert o["object"] == {"from": 1, "list": [0, 1, 2, 3]}
+        assert o["objects"] == [("rank", q) for q in range(N)]
+        assert o["local"] == (r, N, 0, 1)  # one host
+        assert o["mismatch"] and "differ beyond the first dimension" in o["mismatch"], o["mismatch"]
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _batch(rank, step):
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+
+
+def _train_body(rank, size, passes, fp16, steps):
+    import harp.horovod.torch as hvd
+    hvd.init()
+    torch.manual_seed(rank)  # different start on every rank
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.zeros(1, 6)).sum().backward()  # give the optimizer state on rank 0 only, to broadcast
+    if rank == 0:
+        opt.step()
+    opt.zero_grad()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    start = [p.detach().clone() for p in model.parameters()]
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                    compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+                                    backward_passes_per_step=passes)
+    for step in range(steps):
+        dopt.zero_grad()
+        for k in range(passes):
+            x, y = _batch(rank, step * passes + k)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        dopt.step()
+    hvd.shutdown()
+    return [p.detach().numpy() for p in model.parameters()], [s.numpy() for s in start], [m.numpy() for m in momentum]
+
+
+def _reference(start, momentum, size, passes, steps):
+    """The same training, alone: each step's gradient is the mean over ranks of each rank's accumulated one."""
+    model = _model()
+    with torch.no_grad():
+        for p, s in zip(model.parameters(), start):
+            p.copy_(torch.from_numpy(s))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p, m in zip(model.parameters(), momentum):
+        opt.state[p]["momentum_buffer"] = torch.from_numpy(m).clone()
+    for step in range(steps):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for r in range(size):
+            for k in range(passes):
+                model.zero_grad()
+                x, y = _batch(r, step * passes + k)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                for g, p in zip(grads, model.parameters()):
+                    g += p.grad / size
+        for g, p in zip(grads, model.parameters()):
+            p.grad = g
+        opt.step()
+    return [p.detach().numpy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("passes,fp16", [(1, False), (2, False), (1, True)], ids=["plain", "2passes", "fp16"])
+def test_distributed_optimizer_equals_training_on_the_mean_gradient(passes, fp16):
+    steps = 4
+    res = harness.run_ranks(N, _train_body, passes, fp16, steps, env={"HARP_TRANSPORT": "shm"}, timeout=300)
+    params0, start0, mom0 = res[0]
+    for r in range(N):  # broadcast_parameters / broadcast_optimizer_state gave every rank rank 0's start
+        assert all(np.array_equal(a, b) for a, b in zip(res[r][1], start0))
+        assert all(np.array_equal(a, b) for a, b in zip(res[r][2], mom0))
+        assert all(np.array_equal(a, b) for a, b in zip(res[r][0], params0)), "ranks diverged"
+    ref = _reference(start0, mom0, N, passes, steps)
+    tol = 2e-3 if fp16 else 1e-5
+    for got, want in zip(params0, ref):
+        assert np.allclose(got, want, rtol=tol, atol=tol), np.abs(got - want).max()
+    assert not all(np.allclose(a, b) for a, b in zip(params0, start0)), "training did not move the parameters"
+
+
+def _unused_body(rank, size):
+    import harp.horovod.torch as hvd
+    hvd.init()
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    params = list(a.parameters()) + list(b.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=1.0), named_parameters=
+                                   [(f"p{i}", p) for i, p in enumerate(params)])
+    x = torch.ones(1, 4)
+    out = a(x) if rank != 1 else a(x) + b(x)  # only rank 1 uses b
+    out.sum().backward()
+    opt.step()
+    hvd.shutdown()
+    return [p.detach().numpy() for p in params]
+
+
+def test_a_parameter_unused_on_some_ranks_does_not_hang_or_mispair():
+    res = harness.run_ranks(N, _unused_body, env={"HARP_TRANSPORT": "tcp"}, timeout=120)
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    # a's gradient is the same on every rank; b's exists on rank 1 only: averaged, it is 1/3 of rank 1's
+    want = [a.weight - 1.0, a.bias - 1.0, b.weight - 1.0 / N, b.bias - 1.0 / N]
+    for r in range(N):
+        for got, w in zip(res[r], want):
+            assert np.allclose(got, w.detach().numpy(), atol=1e-6), (r, got, w)
+
+
+def _run(script, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", str(N), os.path.join(ROOT, "examples", "horovod",
+                        script), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"FINAL loss (\S+) checksum (\S+) size (\d+)", r.stdout)
+    assert m and int(m.group(3)) == N, r.stdout
+    return float(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.parametrize("args", [[], ["--batches-per-allreduce", "2"]], ids=["1pass", "2passes"])
+def test_horovod_style_script_matches_ddp(args):
+    loss_h, sum_h = _run("train_convnet.py", *args)
+    loss_d, sum_d = _run("train_convnet_ddp.py", *args)
+    assert abs(loss_h - loss_d) <= 1e-5 * abs(loss_d), (loss_h, loss_d)
+    assert abs(sum_h - sum_d) <= 1e-5 * max(1.0, abs(sum_d)), (sum_h, sum_d)
