@@ -93,6 +93,7 @@ INCLUDE_CASES = [
     ("core/base/types.h", "#include <core/context.h>", "base-only"),  # angle brackets, in-tree
     ("transport/tcp/tcp.cc", '#include "core/context.h"', "hosted-algorithm"),
     ("transport/tcp/tcp.cc", '#include "core/communicator.h"', "transport-only"),
+    ("transport/verbs/verbs.h", '#include "core/algorithms/fold.h"', "hosted-algorithm"),
     ("transport/shm/shm_transport.cc", '#include "core/tuning.h"', "transport-only"),
     ("transport/shm/shm_connect.cc", '#include "transport/dpdk/wire.h"', "transport-only"),
     ("transport/registry.cc", '#include "transport/shm/shm_transport.h"', "transport-only"),
@@ -148,7 +149,7 @@ def test_hosted_algorithm_needs_its_marker(tree):
     path.write_text("".join(lines))
     rc, out, _ = run_check(tree)
     assert rc == 1, out
-    api = [i + 1 for i, l in enumerate(lines) if re.match(r'#include "core/(algorithms/registry|context)\.h"', l)]
+    api = [i + 1 for i, l in enumerate(lines) if re.match(r'#include "core/(context\.h|algorithms/[^"]+\.h)"', l)]
     assert api and reports(out) == [("transport/shm/allreduce_shm.cc", n, "hosted-algorithm") for n in api], out
 
 
@@ -178,6 +179,14 @@ def test_prose_and_strings_are_not_code(tree):
     append_line(tree, "core/communicator.cc", 'static const char* kNote = "dynamic_cast<TcpTransport*> and shm::";')
     append_line(tree, "core/tuning.cc", "/* #include \"transport/shm/shm_transport.h\" is not an include */")
     append_line(tree, "core/algorithms/registry.cc", 'static const char* kRaw = R"x(VerbsTransport dpdk::)x";')
+    rc, out, err = run_check(tree)
+    assert rc == 0, out + err
+
+
+def test_hosted_algorithm_may_use_the_algorithm_api(tree):
+    # What the marker grants: every algorithm API header, and its own transport.
+    insert_after_includes(tree, "transport/shm/allreduce_shm.cc", '#include "core/algorithms/fold.h"')
+    insert_after_includes(tree, "transport/shm/allreduce_shm.cc", '#include "transport/shm/shm_segment.h"')
     rc, out, err = run_check(tree)
     assert rc == 0, out + err
 
