@@ -148,8 +148,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = resolveTimeout(opts_.timeout_s);
   tuning_ = TuningTable::fromEnvironment();
-  spin_ = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
-  segment_bytes_ = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
+  res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
+  res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
 }
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
@@ -181,18 +181,24 @@ std::shared_ptr<Communicator> Communicator::create(const UniqueId& id, int rank,
   return create(std::make_shared<PrefixStore>(store, "c/"), rank, size, std::move(opts));
 }
 
-void Communicator::connectAll() {
-  setLogRank(rank_);
-  // Rank 0 draws the communicator id and connection token; everyone reads them.
-  if (rank_ == 0) store_->set("token", randomBytes(24));
-  std::string tok = rendezvousGet(*store_, "token", timeout_s_);
-  if (tok.size() != 24) throw Error(Error::kInternal, "corrupt rendezvous token (" + std::to_string(tok.size()) + " bytes)");
-  token_ = tok.substr(0, 16);
-  std::memcpy(&comm_id_, tok.data() + 16, 8);
+// Which transports this rank may use (highest priority first) and, once the
+// ranks have told each other where they are, which peers each one serves.
+struct Communicator::Plan {
+  std::string forced;  // CommOptions::transport or HARP_TRANSPORT ("": automatic)
+  std::vector<const transport::TransportSpec*> usable;
+  std::vector<std::vector<int>> peers_of;  // per usable transport: the peers it serves
+};
 
-  // Which transports can run here, and which one the user forces.
-  std::string forced = !opts_.transport.empty() ? opts_.transport : env::str("HARP_TRANSPORT");
-  if (forced == "auto") forced.clear();
+namespace {
+
+std::string forcedTransport(const CommOptions& o) {
+  std::string forced = !o.transport.empty() ? o.transport : env::str("HARP_TRANSPORT");
+  return forced == "auto" ? "" : forced;
+}
+
+// The transports that can run in this process (only `forced`, when given), by
+// priority. A forced transport that is unavailable or unknown is an error.
+std::vector<const transport::TransportSpec*> usableTransports(const std::string& forced) {
   std::vector<const transport::TransportSpec*> usable;
   for (const auto& spec : transport::registeredTransports()) {
     if (!forced.empty() && spec.name != forced) continue;
@@ -210,11 +216,55 @@ void Communicator::connectAll() {
     throw InvalidArgument("unknown transport '" + forced + "' (known: " + known + ")");
   }
   std::sort(usable.begin(), usable.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+  return usable;
+}
 
-  // Round 1: who is where, and what can they run.
+// The tuning key: the one transport every peer uses, "mixed", or "self".
+std::string transportKind(const std::vector<transport::Transport*>& transport_of) {
+  std::string kind;
+  for (auto* t : transport_of) {
+    if (!t) continue;
+    if (kind.empty()) kind = t->name();
+    else if (kind != t->name()) kind = "mixed";
+  }
+  return kind.empty() ? "self" : kind;
+}
+
+}  // namespace
+
+// Creation in five steps: identity, usable transports, where every rank is
+// (round 1 through the store), which transport serves each peer, and the
+// connections (round 2: addresses through the store, then connect).
+void Communicator::connectAll() {
+  setLogRank(rank_);
+  drawIdentity();
+  Plan plan;
+  plan.forced = forcedTransport(opts_);
+  plan.usable = usableTransports(plan.forced);
+  const auto avail = exchangeHostInfo(plan);
+  adaptSpin();
+  assignPeers(plan, avail);
+  connectTransports(plan, commInfo());
+  transport_kind_ = transportKind(res_.transport_of);
+  HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
+            reduceKernelName());
+}
+
+// Rank 0 draws the communicator id and connection token; everyone reads them.
+void Communicator::drawIdentity() {
+  if (rank_ == 0) store_->set("token", randomBytes(24));
+  std::string tok = rendezvousGet(*store_, "token", timeout_s_);
+  if (tok.size() != 24) throw Error(Error::kInternal, "corrupt rendezvous token (" + std::to_string(tok.size()) + " bytes)");
+  token_ = tok.substr(0, 16);
+  std::memcpy(&comm_id_, tok.data() + 16, 8);
+}
+
+// Round 1: who is where (fills peers_), and which transports each rank can
+// run (returned, by rank).
+std::vector<std::vector<std::string>> Communicator::exchangeHostInfo(const Plan& plan) {
   HostIdentity me = thisHost();
   std::vector<std::string> mine{me.host_id, me.hostname, std::to_string(me.pid)};
-  for (auto* s : usable) mine.push_back(s->name);
+  for (auto* s : plan.usable) mine.push_back(s->name);
   auto all = storeAllgather(*store_, "info", rank_, size_, pack(mine), timeout_s_);
   peers_.resize(size_);
   std::vector<std::vector<std::string>> avail(size_);
@@ -226,34 +276,41 @@ void Communicator::connectAll() {
     peers_[r].pid = std::stoi(v.at(2));
     avail[r].assign(v.begin() + 3, v.end());
   }
+  return avail;
+}
 
-  // Ranks sharing this host with more ranks than it has cores must not spin
-  // long while waiting: the peer they wait for needs the core (measured on 2
-  // cores, 4 ranks, 8-byte allreduce over TCP: 64 polls ~150 us, 16 polls ~85 us).
+// Ranks sharing this host with more ranks than it has cores must not spin
+// long while waiting: the peer they wait for needs the core (measured on 2
+// cores, 4 ranks, 8-byte allreduce over TCP: 64 polls ~150 us, 16 polls ~85 us).
+void Communicator::adaptSpin() {
   if (!env::has("HARP_SPIN")) {
     int local = 0;
     for (const auto& p : peers_) local += p.host_id == peers_[rank_].host_id;
-    if (local > env::availableCpus()) spin_ = 16;
+    if (local > env::availableCpus()) res_.spin = 16;
   }
-  HARP_INFO("comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, spin_);
+  HARP_INFO("comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, res_.spin);
+}
 
-  // Per peer: the highest-priority transport both sides have that reaches it.
-  transport_of_.assign(size_, nullptr);
-  pair_of_.assign(size_, nullptr);
-  std::vector<std::vector<int>> peers_of(usable.size());
+// Per peer: the highest-priority transport both sides have that reaches it.
+void Communicator::assignPeers(Plan& plan, const std::vector<std::vector<std::string>>& avail) const {
+  plan.peers_of.assign(plan.usable.size(), {});
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     int chosen = -1;
-    for (size_t i = 0; i < usable.size() && chosen < 0; ++i) {
-      bool theirs = std::find(avail[p].begin(), avail[p].end(), usable[i]->name) != avail[p].end();
-      if (theirs && usable[i]->reachable(peers_[rank_], peers_[p])) chosen = static_cast<int>(i);
+    for (size_t i = 0; i < plan.usable.size() && chosen < 0; ++i) {
+      bool theirs = std::find(avail[p].begin(), avail[p].end(), plan.usable[i]->name) != avail[p].end();
+      if (theirs && plan.usable[i]->reachable(peers_[rank_], peers_[p])) chosen = static_cast<int>(i);
     }
     if (chosen < 0)
       throw Error(Error::kUnavailable, "no transport reaches rank " + std::to_string(p) + " (" + peers_[p].hostname +
-                                           ")" + (forced.empty() ? "" : " with HARP_TRANSPORT=" + forced));
-    peers_of[chosen].push_back(p);
+                                           ")" + (plan.forced.empty() ? "" : " with HARP_TRANSPORT=" + plan.forced));
+    plan.peers_of[chosen].push_back(p);
   }
+}
 
+// What every transport learns about this communicator; socket transports
+// listen on the interface that reaches the bootstrap root by default.
+transport::CommInfo Communicator::commInfo() const {
   transport::CommInfo info;
   info.rank = rank_;
   info.size = size_;
@@ -267,42 +324,36 @@ void Communicator::connectAll() {
     info.bind_hint = itfs.empty() ? "127.0.0.1" : itfs[0].addr.host();
   }
   if (info.bind_hint.find(':') != std::string::npos) info.bind_hint = "[" + info.bind_hint + "]";
+  return info;
+}
 
-  // Round 2: per-peer addresses of the transports in use.
+// Round 2: create the transports in use, publish each one's per-peer address,
+// connect, and record the transport and pair of every peer.
+void Communicator::connectTransports(const Plan& plan, const transport::CommInfo& info) {
+  res_.transport_of.assign(size_, nullptr);
+  res_.pair_of.assign(size_, nullptr);
   std::vector<std::string> blobs(size_);
-  std::vector<int> transport_index(size_, -1);
-  for (size_t i = 0; i < usable.size(); ++i) {
-    if (peers_of[i].empty()) continue;
-    transports_.push_back(usable[i]->create(info, peers_));
-    for (int p : peers_of[i]) {
-      transport_index[p] = static_cast<int>(transports_.size() - 1);
-      blobs[p] = transports_.back()->localAddress(p);
-    }
+  std::vector<transport::Transport*> made(plan.usable.size(), nullptr);
+  for (size_t i = 0; i < plan.usable.size(); ++i) {
+    if (plan.peers_of[i].empty()) continue;
+    res_.transports.push_back(plan.usable[i]->create(info, peers_));
+    made[i] = res_.transports.back().get();
+    for (int p : plan.peers_of[i]) blobs[p] = made[i]->localAddress(p);
   }
   auto addr = storeAllgather(*store_, "addr", rank_, size_, pack(blobs), timeout_s_);
-  size_t ti = 0;
-  for (size_t i = 0; i < usable.size(); ++i) {
-    if (peers_of[i].empty()) continue;
-    auto* t = transports_[ti++].get();
+  for (size_t i = 0; i < plan.usable.size(); ++i) {
+    transport::Transport* t = made[i];
+    if (!t) continue;
     std::vector<std::string> remote;
-    for (int p : peers_of[i]) remote.push_back(unpack(addr[p]).at(rank_));
-    t->connect(peers_of[i], remote);
-    for (int p : peers_of[i]) {
-      transport_of_[p] = t;
-      pair_of_[p] = t->pair(p);
+    for (int p : plan.peers_of[i]) remote.push_back(unpack(addr[p]).at(rank_));
+    t->connect(plan.peers_of[i], remote);
+    for (int p : plan.peers_of[i]) {
+      res_.transport_of[p] = t;
+      res_.pair_of[p] = t->pair(p);
       HARP_INFO("comm %016llx rank %d -> rank %d (%s): transport %s", (unsigned long long)comm_id_, rank_, p,
                 peers_[p].hostname.c_str(), t->name());
     }
   }
-  std::string kind;
-  for (auto* t : transport_of_) {
-    if (!t) continue;
-    if (kind.empty()) kind = t->name();
-    else if (kind != t->name()) kind = "mixed";
-  }
-  if (!kind.empty()) transport_kind_ = kind;
-  HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
-            reduceKernelName());
 }
 
 Communicator::~Communicator() {
@@ -315,7 +366,7 @@ Communicator::~Communicator() {
 std::string Communicator::transportName(int peer) const {
   if (peer < 0 || peer >= size_) throw InvalidArgument("peer " + std::to_string(peer) + " out of range");
   if (peer == rank_) return "self";
-  return transport_of_[peer] ? transport_of_[peer]->name() : "none";
+  return res_.transport_of[peer] ? res_.transport_of[peer]->name() : "none";
 }
 
 // ---------------------------------------------------------------------------
@@ -611,7 +662,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
   try {
-    Context ctx(*this, a, tag, timeout);
+    Context ctx(res_, rank_, size_, a, tag, timeout);
     if (check) {
       ctx.startCheck(d);
       if (!rooted || a.count == 0) ctx.finishCheck();
@@ -661,7 +712,7 @@ void Communicator::runIntAvg(CollArgs& a) {
 // all have come before it): the collective fails, like every later call.
 // shm: one load per peer; tcp: one poll(2) per collective.
 void Communicator::closingCheck(const CollArgs& a, uint32_t seq) {
-  for (auto& t : transports_) {
+  for (auto& t : res_.transports) {
     std::string notice = t->abortNotice();
     if (notice.empty()) continue;
     // "after collective #N": the aborting rank had completed collective N.
@@ -700,7 +751,7 @@ void Communicator::markBroken(const std::string& why) {
   const bool mismatch = broken_kind_ == Error::kMismatch;
   const std::string notice =
       "after collective #" + std::to_string(done) + ": " + (mismatch ? "collective mismatch: " : "") + why;
-  for (auto& t : transports_) t->abort(notice);
+  for (auto& t : res_.transports) t->abort(notice);
 }
 
 std::string Communicator::brokenReason() {
@@ -723,9 +774,9 @@ void Communicator::destroy() {
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
-  transports_.clear();
-  pair_of_.assign(size_, nullptr);
-  transport_of_.assign(size_, nullptr);
+  res_.transports.clear();
+  res_.pair_of.assign(size_, nullptr);
+  res_.transport_of.assign(size_, nullptr);
 }
 
 // ---------------------------------------------------------------------------

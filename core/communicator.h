@@ -84,6 +84,23 @@ struct CollArgs {
   CollOptions opts;
 };
 
+// What a running collective borrows from its communicator: the connections
+// and the buffers reused across calls. The communicator owns it, fills it in
+// when it connects (connectAll) and empties it in destroy(); a Context
+// (core/context.h) holds a reference to it for one collective. Threading:
+// touched only by the thread executing a collective (under the
+// communicator's execution lock), except `transports`, which abort() also
+// walks (Transport::abort is callable from any thread).
+struct CommResources {
+  std::vector<std::unique_ptr<transport::Transport>> transports;  // every transport in use
+  std::vector<transport::Transport*> transport_of;  // by peer rank (nullptr for self)
+  std::vector<transport::Pair*> pair_of;            // by peer rank (nullptr for self)
+  int spin = 64;               // HARP_SPIN: progress polls before yielding, then blocking
+  size_t segment_bytes = 0;    // HARP_SEGMENT_BYTES: pipelining segment
+  std::vector<uint8_t> scratch;        // Context::scratch
+  std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
+};
+
 class Work {
  public:
   // Waits for completion (timeout_s < 0: forever; the collective itself has a
@@ -145,9 +162,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string chooseAlgorithm(const CollArgs& a) const;
 
  private:
-  friend class Context;
   Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts);
+  // Creation, in order (connectAll runs the steps; each is a short function).
+  struct Plan;  // which transports, which peers each serves (communicator.cc)
   void connectAll();
+  void drawIdentity();
+  std::vector<std::vector<std::string>> exchangeHostInfo(const Plan& plan);
+  void adaptSpin();
+  void assignPeers(Plan& plan, const std::vector<std::vector<std::string>>& avail) const;
+  transport::CommInfo commInfo() const;
+  void connectTransports(const Plan& plan, const transport::CommInfo& info);
   void execute(CollArgs& a, Work& w);
   void runCollective(CollArgs& a);
   void runWith(CollArgs& a, DataType user_dtype);
@@ -166,18 +190,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t comm_id_ = 0;
   std::string token_;
   std::vector<transport::PeerInfo> peers_;
-  std::vector<std::unique_ptr<transport::Transport>> transports_;
-  std::vector<transport::Transport*> transport_of_;  // by peer rank (nullptr for self)
-  std::vector<transport::Pair*> pair_of_;            // by peer rank
+  CommResources res_;  // connections and reused buffers, lent to each Context
   std::string transport_kind_ = "self";              // tuning key: a transport name or "mixed"
   // Configuration read from the environment when the communicator is created.
   TuningTable tuning_;
-  int spin_ = 64;              // HARP_SPIN: progress polls before yielding, then blocking
-  size_t segment_bytes_ = 0;   // HARP_SEGMENT_BYTES: pipelining segment
   uint32_t seq_ = 0;
   int split_seq_ = 0;
-  std::vector<uint8_t> scratch_;
-  std::vector<Descriptor> check_buf_;  // peers' descriptors (Context::startCheck)
 
   // Execution: exec_mu_ serializes running collectives; queue for async work.
   std::mutex exec_mu_;

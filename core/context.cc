@@ -68,8 +68,8 @@ std::string describe(const Descriptor& d) {
          " algorithm #" + std::to_string(d.algo);
 }
 
-Context::Context(Communicator& comm, const CollArgs& args, uint64_t tag, double timeout_s)
-    : comm_(comm), args_(args), tag_(tag), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()),
+Context::Context(CommResources& res, int rank, int size, const CollArgs& args, uint64_t tag, double timeout_s)
+    : res_(res), args_(args), tag_(tag), timeout_s_(timeout_s), rank_(rank), size_(size),
       esize_(dtypeSize(args.dtype)) {}
 
 Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(peer, buf, bytes, tag_); }
@@ -82,7 +82,7 @@ Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag) {
   r.len = bytes;
   r.tag = tag;
   r.peer = peer;
-  comm_.pair_of_[peer]->isend(&r);
+  res_.pair_of[peer]->isend(&r);
   return &r;
 }
 
@@ -92,7 +92,7 @@ Request* Context::irecv(int peer, void* buf, size_t bytes, uint64_t tag) {
   r.len = bytes;
   r.tag = tag;
   r.peer = peer;
-  comm_.pair_of_[peer]->irecv(&r);
+  res_.pair_of[peer]->irecv(&r);
   return &r;
 }
 
@@ -118,10 +118,10 @@ void Context::wait(Request* r) { waitAll({r}); }
 void Context::waitAll(std::initializer_list<Request*> rs) { waitAll(std::vector<Request*>(rs)); }
 
 void Context::waitAll(const std::vector<Request*>& rs) {
-  const int kSpin = comm_.spin_;
+  const int kSpin = res_.spin;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
-  auto& transports = comm_.transports_;
+  auto& transports = res_.transports;
   for (;;) {
     if (check_done_ < check_recvs_.size()) compareChecks();
     bool all = true;
@@ -156,7 +156,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
     bool several = false;
     for (Request* r : rs) {
       if (r->done()) continue;
-      transport::Transport* t = comm_.transport_of_[r->peer];
+      transport::Transport* t = res_.transport_of[r->peer];
       if (only && t != only) several = true;
       only = t;
     }
@@ -177,18 +177,18 @@ void Context::sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* 
   waitAll({s, r});
 }
 
-transport::Transport* Context::transportOf(int peer) const { return comm_.transport_of_.at(peer); }
+transport::Transport* Context::transportOf(int peer) const { return res_.transport_of.at(peer); }
 
 void* Context::scratch(size_t bytes) {
-  if (comm_.scratch_.size() < bytes) comm_.scratch_.resize(bytes);
-  return comm_.scratch_.data();
+  if (res_.scratch.size() < bytes) res_.scratch.resize(bytes);
+  return res_.scratch.data();
 }
 
-size_t Context::segmentBytes() const { return comm_.segment_bytes_; }
+size_t Context::segmentBytes() const { return res_.segment_bytes; }
 
 void Context::startCheck(const Descriptor& mine) {
   check_mine_ = &mine;
-  auto& theirs = comm_.check_buf_;
+  auto& theirs = res_.check_buf;
   theirs.resize(size_);
   const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0x3f) << 58) | kCheckColl << 52;
   check_recvs_.clear();
@@ -205,7 +205,7 @@ void Context::compareChecks() {
   while (check_done_ < check_recvs_.size() && check_recvs_[check_done_]->done()) {
     Request* r = check_recvs_[check_done_++];
     check(r);
-    const Descriptor& d = comm_.check_buf_[r->peer];
+    const Descriptor& d = res_.check_buf[r->peer];
     if (d == *check_mine_) continue;
     throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(rank_) + " and rank " +
                                       std::to_string(r->peer) + ": rank " + std::to_string(rank_) + " called " +

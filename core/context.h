@@ -21,6 +21,10 @@
 // raises MismatchError. Cost: p-1 messages of 24 bytes per rank (see
 // runCollective's comment for the measured figure).
 //
+// Lifetime: built by the communicator for one collective, on its executing
+// thread, from the CommResources it owns (the connections and reused buffers,
+// core/communicator.h); the Context neither owns nor outlives them.
+//
 // Single-threaded: used only by the thread running the collective.
 #pragma once
 
@@ -38,7 +42,7 @@ using transport::Request;
 
 class Context {
  public:
-  Context(Communicator& comm, const CollArgs& args, uint64_t tag, double timeout_s);
+  Context(CommResources& res, int rank, int size, const CollArgs& args, uint64_t tag, double timeout_s);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -62,9 +66,10 @@ class Context {
   // Pipelining segment size in bytes (HARP_SEGMENT_BYTES, default 512K).
   size_t segmentBytes() const;
 
-  // For transport-specific algorithms (e.g. allreduce_shm, which reaches the
-  // shm transport's shared buffers via dynamic_cast): the transport serving
-  // `peer` (nullptr for this rank), this collective's tag and timeout.
+  // For algorithms a transport hosts (e.g. transport/shm/allreduce_shm.cc,
+  // which asks it for its collective area with transport::capabilityOf): the
+  // transport serving `peer` (nullptr for this rank), this collective's tag
+  // and timeout.
   transport::Transport* transportOf(int peer) const;
   uint64_t tag() const { return tag_; }
   double timeout() const { return timeout_s_; }
@@ -76,7 +81,7 @@ class Context {
  private:
   void check(Request* r);
   void compareChecks();
-  Communicator& comm_;
+  CommResources& res_;
   const CollArgs& args_;
   uint64_t tag_;
   double timeout_s_;

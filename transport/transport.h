@@ -10,6 +10,8 @@
 //     Pair per peer this transport was chosen for.
 //   * Pair::isend / Pair::irecv      — non-blocking, completion in the Request.
 //   * Transport::progress / wait     — move bytes; block when nothing moves.
+//   * Transport::capability          — optional services (beyond messages) a
+//     transport offers to the algorithms it hosts; see capabilityOf below.
 //
 // Matching rules (every transport must keep them):
 //   * Per pair and direction, messages are matched strictly in posting order:
@@ -147,7 +149,30 @@ class Transport {
   // register lazily on first use anyway.
   virtual void registerMemory(void* /*p*/, size_t /*n*/) {}
   virtual void deregisterMemory(void* /*p*/) {}
+
+  // Capabilities: services beyond moving messages that a transport offers to
+  // the algorithms it hosts (an algorithm file in the transport's own folder,
+  // see transport/README.md, "Hosting an algorithm"). The engine never needs
+  // to know a transport's class: an algorithm asks the Transport* its Context
+  // gives it (Context::transportOf) with capabilityOf<C>(t), where C is a type
+  // the offering transport declares with a `static const Capability
+  // kCapability` member. The answer is the object implementing C, or nullptr
+  // when this transport does not offer it (the default). Asking costs one
+  // virtual call and a pointer compare (a capability is known by the address
+  // of its Capability object, not by its name), so an algorithm may ask per
+  // call. Lifetime: the object belongs to the transport and lives as long as
+  // it. Threading: the transport's (the communicator's executing thread).
+  struct Capability {
+    const char* name;  // for messages and logs only
+  };
+  virtual void* capability(const Capability& /*which*/) { return nullptr; }
 };
+
+// Typed accessor for Transport::capability (t may be nullptr).
+template <class C>
+C* capabilityOf(Transport* t) {
+  return t ? static_cast<C*>(t->capability(C::kCapability)) : nullptr;
+}
 
 // ---------------------------------------------------------------------------
 // Registry. Each transport's folder registers itself with one line:
@@ -188,7 +213,7 @@ const std::vector<ModuleStatus>& transportModules();
 
 // Bumped whenever TransportSpec or Transport change layout; a module built for
 // another value is refused with a message saying so.
-#define HARP_TRANSPORT_ABI 1
+#define HARP_TRANSPORT_ABI 2
 
 #define HARP_REGISTER_TRANSPORT_CONCAT2(a, b) a##b
 #define HARP_REGISTER_TRANSPORT_CONCAT(a, b) HARP_REGISTER_TRANSPORT_CONCAT2(a, b)

@@ -359,6 +359,8 @@ std::string ShmTransport::abortNotice() {
 
 // ---- Intra-host collective support ----------------------------------------------
 
+const Transport::Capability ShmTransport::kCapability{"shm collective area"};
+
 bool ShmTransport::coversCommunicator() const {
   return geo_.coll_chunk > 0 && static_cast<int>(active_.size()) == info_.size - 1;
 }

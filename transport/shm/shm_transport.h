@@ -101,7 +101,15 @@ class ShmTransport : public Transport {
   void abort(const std::string& why) override;
   std::string abortNotice() override;
 
-  // ---- Capabilities for intra-host algorithms (reach via dynamic_cast) ----
+  // ---- Capability: the intra-host collective area ----
+  // Offered to the algorithms this transport hosts (allreduce_shm.cc in this
+  // folder), which reach it from the Transport* their Context hands them with
+  // transport::capabilityOf<ShmTransport>(t): non-null exactly for a
+  // ShmTransport, whatever its state (check coversCommunicator()). Lives as
+  // long as the transport; driving thread only (like everything here but
+  // abort()).
+  static const Capability kCapability;
+  void* capability(const Capability& which) override { return &which == &kCapability ? this : nullptr; }
   // True when every rank of the communicator is connected through this
   // transport (one host) and the collective area exists.
   bool coversCommunicator() const;

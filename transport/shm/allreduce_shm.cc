@@ -31,6 +31,9 @@
 // collective here too.
 // Restrictions: every peer reached by one ShmTransport with a collective area;
 // otherwise it runs the ring algorithm instead (and says so at INFO level).
+// Hosted by the shm transport: it lives in transport/shm/ and reaches its
+// transport only through Transport::capability (capabilityOf<ShmTransport>).
+// harp-layer: algorithm
 #include <cstdio>
 #include <cstring>
 
@@ -47,7 +50,7 @@ transport::shm::ShmTransport* shmFor(Context& ctx) {
   transport::shm::ShmTransport* t = nullptr;
   for (int p = 0; p < ctx.size(); ++p) {
     if (p == ctx.rank()) continue;
-    auto* s = dynamic_cast<transport::shm::ShmTransport*>(ctx.transportOf(p));
+    auto* s = transport::capabilityOf<transport::shm::ShmTransport>(ctx.transportOf(p));
     if (!s || (t && s != t)) return nullptr;
     t = s;
   }

@@ -1,0 +1,199 @@
+"""The include graph (scripts/check_layers.py): layers only point down.
+
+* The tree passes, and the algorithm the shm transport hosts is recognised.
+* The checker can fail: core/, transport/ and bindings/ are copied to a
+  temporary tree, one violation is injected (an upward include, a dynamic_cast
+  to a concrete transport, an include cycle, a marker in the wrong place...),
+  and the checker must exit 1 and report exactly the injected line(s) with the
+  rule that line breaks — nothing else (but the include cycle an upward
+  include may close), so a rule that fires everywhere fails as surely as one
+  that never fires.
+* Comments and strings that merely mention a concrete transport are not
+  violations (the checker reads code, not prose).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "check_layers.py")
+REPORT = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+): .*\[(?P<rule>[a-z-]+)\]")
+
+
+def run_check(root):
+    p = subprocess.run([sys.executable, SCRIPT, "--root", str(root)], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def reports(stdout):
+    """(file, line, rule) of every violation line."""
+    out = []
+    for line in stdout.splitlines():
+        m = REPORT.match(line)
+        assert m, f"unparsable report line: {line!r}"
+        out.append((m["file"], int(m["line"]), m["rule"]))
+    return out
+
+
+@pytest.fixture
+def tree(tmp_path):
+    for top in ("core", "transport", "bindings"):
+        shutil.copytree(os.path.join(ROOT, top), tmp_path / top)
+    return tmp_path
+
+
+def insert_after_includes(root, rel, text):
+    """Insert `text` (one line) after the file's last #include; return its line number."""
+    path = root / rel
+    lines = path.read_text().splitlines(keepends=True)
+    last = max(i for i, l in enumerate(lines) if l.lstrip().startswith("#include"))
+    lines.insert(last + 1, text + "\n")
+    path.write_text("".join(lines))
+    return last + 2
+
+
+def append_line(root, rel, text):
+    path = root / rel
+    body = path.read_text()
+    if not body.endswith("\n"):
+        body += "\n"
+    path.write_text(body + text + "\n")
+    return body.count("\n") + 1
+
+
+def test_tree_passes():
+    rc, out, err = run_check(ROOT)
+    assert rc == 0, out + err
+    assert "layers point down" in out
+    assert "transport/shm/allreduce_shm.cc" in out, "the shm transport's hosted algorithm was not recognised"
+
+
+def test_no_engine_file_names_a_concrete_transport():
+    # Independent of the checker: the moved algorithm is gone from the engine and
+    # nothing in core/ outside core/base/ includes a transport folder's header.
+    assert not os.path.exists(os.path.join(ROOT, "core", "algorithms", "allreduce_shm.cc"))
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "core")):
+        for n in names:
+            text = open(os.path.join(dirpath, n), errors="replace").read()
+            assert not re.search(r'#\s*include\s*"transport/\w+/', text), os.path.join(dirpath, n)
+            assert "dynamic_cast<transport::shm" not in text, os.path.join(dirpath, n)
+
+
+# Each case: (file to edit, line to inject, rule expected). The injected line is
+# the only thing reported.
+INCLUDE_CASES = [
+    ("core/base/log.cc", '#include "core/communicator.h"', "base-only"),
+    ("core/base/env.h", '#include "core/tuning.h"', "base-only"),
+    ("core/base/store.h", '#include "transport/transport.h"', "base-only"),
+    ("core/base/socket.h", '#include "../communicator.h"', "base-only"),  # relative path, resolved
+    ("core/base/types.h", "#include <core/context.h>", "base-only"),  # angle brackets, in-tree
+    ("transport/tcp/tcp.cc", '#include "core/context.h"', "hosted-algorithm"),
+    ("transport/tcp/tcp.cc", '#include "core/communicator.h"', "transport-only"),
+    ("transport/verbs/verbs.h", '#include "core/algorithms/fold.h"', "hosted-algorithm"),
+    ("transport/shm/shm_transport.cc", '#include "core/tuning.h"', "transport-only"),
+    ("transport/shm/shm_connect.cc", '#include "transport/dpdk/wire.h"', "transport-only"),
+    ("transport/registry.cc", '#include "transport/shm/shm_transport.h"', "transport-only"),
+    ("transport/shm/allreduce_shm.cc", '#include "core/communicator.h"', "transport-only"),
+    ("core/communicator.cc", '#include "transport/shm/shm_transport.h"', "engine-interface"),
+    ("core/algorithms/allreduce_ring.cc", '#include "transport/tcp/tcp.cc"', "engine-interface"),
+    ("core/context.cc", '#include "transport/handshake.h"', "engine-interface"),
+    ("core/context.cc", '#include "bindings/nccl/nccl.h"', "no-bindings"),
+    ("core/tuning.cc", '#include "core/no_such_header.h"', "resolves"),
+]
+
+
+@pytest.mark.parametrize("rel,line,rule", INCLUDE_CASES, ids=[f"{c[0]}:{c[2]}" for c in INCLUDE_CASES])
+def test_injected_include_is_reported(tree, rel, line, rule):
+    no = insert_after_includes(tree, rel, line)
+    rc, out, err = run_check(tree)
+    assert rc == 1, f"{line} in {rel} went unnoticed:\n{out}{err}"
+    got = reports(out)
+    # An upward include usually closes a cycle too (the engine includes the
+    # base): that is reported as well, and nothing else.
+    assert [g for g in got if g[2] != "acyclic"] == [(rel, no, rule)], out
+
+
+CODE_CASES = [
+    ("core/context.cc", "static void* f(transport::Transport* t) { return dynamic_cast<transport::shm::ShmTransport*>(t); }"),
+    ("core/algorithms/allreduce_ring.cc", "static void* g(harp::transport::Pair* p) { return dynamic_cast<TcpPair*>(p); }"),
+    ("core/communicator.cc", "static bool h(void* t) { return static_cast<dpdk::DpdkTransport*>(t) != nullptr; }"),
+    ("core/algorithms/registry.cc", "using V = harp::transport::verbs::VerbsTransport;"),
+]
+
+
+@pytest.mark.parametrize("rel,line", CODE_CASES, ids=[c[0] for c in CODE_CASES])
+def test_engine_naming_a_concrete_transport_is_reported(tree, rel, line):
+    no = append_line(tree, rel, line)
+    rc, out, err = run_check(tree)
+    assert rc == 1, f"{line!r} in {rel} went unnoticed:\n{out}{err}"
+    got = reports(out)
+    assert got and all(g == (rel, no, "engine-no-concrete") for g in got), out
+
+
+def test_dynamic_cast_to_the_interface_is_reported(tree):
+    no = append_line(tree, "core/context.cc", "static bool k(void* p) { return dynamic_cast<transport::Transport*>((transport::Transport*)p); }")
+    rc, out, _ = run_check(tree)
+    assert rc == 1 and reports(out) == [("core/context.cc", no, "engine-no-concrete")], out
+
+
+def test_hosted_algorithm_needs_its_marker(tree):
+    path = tree / "transport/shm/allreduce_shm.cc"
+    lines = path.read_text().splitlines(keepends=True)
+    marker = [i for i, l in enumerate(lines) if l.strip() == "// harp-layer: algorithm"]
+    assert len(marker) == 1, "allreduce_shm.cc must carry the marker line exactly once"
+    del lines[marker[0]]
+    path.write_text("".join(lines))
+    rc, out, _ = run_check(tree)
+    assert rc == 1, out
+    api = [i + 1 for i, l in enumerate(lines) if re.match(r'#include "core/(context\.h|algorithms/[^"]+\.h)"', l)]
+    assert api and reports(out) == [("transport/shm/allreduce_shm.cc", n, "hosted-algorithm") for n in api], out
+
+
+def test_marker_outside_a_transport_folder_is_reported(tree):
+    for rel in ("core/algorithms/allreduce_ring.cc", "transport/registry.cc"):
+        path = tree / rel
+        path.write_text("// harp-layer: algorithm\n" + path.read_text())
+    rc, out, _ = run_check(tree)
+    assert rc == 1, out
+    assert sorted(reports(out)) == [("core/algorithms/allreduce_ring.cc", 1, "hosted-algorithm"),
+                                    ("transport/registry.cc", 1, "hosted-algorithm")], out
+
+
+def test_include_cycle_is_reported(tree):
+    # core/communicator.h includes core/tuning.h; make tuning.h include it back.
+    no = insert_after_includes(tree, "core/tuning.h", '#include "core/communicator.h"')
+    rc, out, _ = run_check(tree)
+    assert rc == 1, out
+    got = reports(out)
+    assert len(got) == 1 and got[0][2] == "acyclic", out
+    assert "core/communicator.h" in out and "core/tuning.h" in out
+    assert got[0] in {("core/tuning.h", no, "acyclic"), ("core/communicator.h", got[0][1], "acyclic")}
+
+
+def test_prose_and_strings_are_not_code(tree):
+    append_line(tree, "core/context.cc", "// a dynamic_cast<transport::shm::ShmTransport*> here would be wrong")
+    append_line(tree, "core/communicator.cc", 'static const char* kNote = "dynamic_cast<TcpTransport*> and shm::";')
+    append_line(tree, "core/tuning.cc", "/* #include \"transport/shm/shm_transport.h\" is not an include */")
+    append_line(tree, "core/algorithms/registry.cc", 'static const char* kRaw = R"x(VerbsTransport dpdk::)x";')
+    rc, out, err = run_check(tree)
+    assert rc == 0, out + err
+
+
+def test_hosted_algorithm_may_use_the_algorithm_api(tree):
+    # What the marker grants: every algorithm API header, and its own transport.
+    insert_after_includes(tree, "transport/shm/allreduce_shm.cc", '#include "core/algorithms/fold.h"')
+    insert_after_includes(tree, "transport/shm/allreduce_shm.cc", '#include "transport/shm/shm_segment.h"')
+    rc, out, err = run_check(tree)
+    assert rc == 0, out + err
+
+
+def test_generated_header_is_allowed_but_only_by_name(tree):
+    # transport/registry.cc includes the generated "build_reasons.h"; another
+    # unknown bare name is not excused.
+    no = insert_after_includes(tree, "transport/registry.cc", '#include "made_up_reasons.h"')
+    rc, out, _ = run_check(tree)
+    assert rc == 1 and reports(out) == [("transport/registry.cc", no, "resolves")], out
