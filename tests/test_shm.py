@@ -10,7 +10,8 @@
 * kill -9 of a rank: the others fail fast naming it, and /dev/shm is unchanged
   (memfd and the shm_open fallback). A tiny /dev/shm: memfd does not care; the
   fallback's error names /dev/shm and the fix.
-* The C++ transport gtest (tests/cpp/test_shm_transport.cc) when it is built.
+* The C++ transport gtest (tests/cpp/test_shm_transport.cc) runs from
+  tests/test_cpp.py (test_cpp_shm_transport_gtest), which builds it.
 """
 import functools
 import inspect
@@ -33,7 +34,6 @@ from collectives_check import ALLREDUCE_ALGOS, check_everything
 from harness import run_ranks
 
 SHM = {"HARP_TRANSPORT": "shm"}
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the harp under test lives (the installed package in CI, python/ in a dev tree).
 HARP_PATH = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))
 
@@ -335,20 +335,3 @@ def test_mixed_shm_and_tcp_across_two_network_namespaces(two_netns):
         assert res["transports"] == want, res
         assert all(res["ok"]), res
         assert res["algo"] != "shm"  # "mixed" rows: not every peer is on shm
-
-
-# ------------------------------------------------------------------ C++ transport gtest
-def _gtest_binary():
-    for d in ("build/dev", "build"):
-        p = os.path.join(ROOT, d, "tests", "cpp", "harp_cpp_tests")
-        if os.path.exists(p):
-            return p
-    return None
-
-
-@pytest.mark.skipif(_gtest_binary() is None, reason="C++ tests not built (cmake -DHARP_BUILD_TESTS=ON)")
-def test_cpp_shm_transport_gtest():
-    out = subprocess.run([_gtest_binary(), "--gtest_filter=ShmTransport.*"], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "PASSED" in out.stdout
