@@ -18,6 +18,7 @@ import dpdk_env
 import netns
 from collectives_check import check_everything
 from harness import run_ranks
+from selection_check import choice_problem, chosen_transports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WHY = dpdk_env.dpdk_unavailable()
@@ -232,10 +233,24 @@ def test_not_chosen_unless_configured():
     env = {k: "" for k in ("HARP_DPDK_PORT", "HARP_TRANSPORT")}
     res = run_ranks(2, _same_process_is_fine_and_not_default, env=env)
     assert all("dpdk" not in k for k in res), res
-    # Configuring a port makes it preferred over TCP (shared memory, priority 30,
-    # still wins for peers on the same host when it is built).
-    res = run_ranks(2, _same_process_is_fine_and_not_default, env=dict(MEMIF, HARP_TRANSPORT=""))
-    assert all(k in (["dpdk"], ["shm"]) for k in res), res
+
+
+def test_preferred_to_tcp_when_configured():
+    """HARP_DPDK_PORT set, no HARP_TRANSPORT, ranks on different hosts (own IPC
+    namespaces, selection_check.py: shm cannot reach across): every peer gets
+    dpdk (priority 15), never tcp (10). Without HARP_DPDK_PORT the same ranks
+    get tcp, and the same check reports it: the check can fail."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (unshare CLONE_NEWIPC) to make ranks look like different hosts")
+    auto = dict(MEMIF, HARP_TRANSPORT="")
+    res = run_ranks(3, chosen_transports, True, env=auto, timeout=120)
+    assert choice_problem(res, "dpdk") is None, choice_problem(res, "dpdk")
+    res = run_ranks(3, chosen_transports, True, env=dict(auto, HARP_DPDK_PORT=""), timeout=120)
+    problem = choice_problem(res, "dpdk")
+    assert problem and "with tcp, not dpdk" in problem, (problem, res)
+    # On one host (no private namespaces) the same check sees shm and says so.
+    problem = choice_problem(run_ranks(2, chosen_transports, False, env=auto, timeout=120), "dpdk")
+    assert problem and "share a host id" in problem, problem
 
 
 def _idle_cpu(rank, size):
