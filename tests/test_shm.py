@@ -3,7 +3,8 @@
 * The foundation suites (test_collectives.py, test_failures.py) again, with every
   HARP_TRANSPORT=tcp they ask for turned into shm (tests that are about TCP or
   the tcp tuning rows are listed in _TCP_ONLY and replaced by shm versions here).
-* The full collective matrix on shm with the `shm` allreduce algorithm added, and
+* The full collective matrix on shm with every registered allreduce algorithm
+  (the `shm` one included), and
   sizes that cross its small/sliced threshold and its chunk boundary.
 * Mixed communicators: ranks in two network namespaces (created here, removed
   after): shm inside each namespace, tcp across.
@@ -108,13 +109,14 @@ def test_forced_tcp_still_works_and_uses_tcp_rows():
 # ------------------------------------------------------------------ collective matrix on shm
 def _matrix(rank, size, sizes):
     comm = harp.init()
-    failures, calls = check_everything(comm, sizes, ALLREDUCE_ALGOS + ["shm"])
+    failures, calls = check_everything(comm, sizes, ALLREDUCE_ALGOS)
     comm.destroy()
     return failures, calls
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 8])
 def test_every_collective_with_shm_algorithm(nranks):
+    assert "shm" in ALLREDUCE_ALGOS, ALLREDUCE_ALGOS
     # 5000 float32 = 20 KB: past the 16 KB direct threshold (sliced path).
     res = run_ranks(nranks, _matrix, (0, 1, 7, 1031, 5000), env=SHM, timeout=900)
     failures = [f for fs, _ in res for f in fs]
