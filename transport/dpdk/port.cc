@@ -131,20 +131,31 @@ bool Link::markedDown() const {
 // on a link the PMD has marked down, and jumps back to the burst's caller,
 // which marks the link lost. The interrupted burst's mbufs are leaked, never
 // freed twice (the PMD may have freed some). Cost per burst: one sigsetjmp
-// without a signal mask (no system call) and a thread-local pointer.
+// without a signal mask (no system call) and two atomic stores.
 namespace {
 struct BurstGuard {
   sigjmp_buf env;
   const Link* link;
+  pthread_t owner;
 };
-thread_local BurstGuard* t_burst = nullptr;
+// The guards of bursts in progress: slot 2i for the rx side of the i-th memif
+// link, 2i+1 for its tx side (each side bursts under its own mutex, so a slot
+// holds at most one). Plain atomics, no thread-local storage: the handler
+// runs on any thread, and a dlopen-ed module's TLS may allocate on first use.
+constexpr int kGuardSlots = 2048;
+std::atomic<BurstGuard*> g_active[kGuardSlots];
+std::atomic<int> g_slots_used{0};
 struct sigaction g_prev_segv, g_prev_bus;
 
 void onFault(int sig, siginfo_t* si, void*) {
-  BurstGuard* g = t_burst;
-  if (g && g->link->markedDown()) {
-    t_burst = nullptr;
-    siglongjmp(g->env, 1);
+  const pthread_t me = pthread_self();
+  const int used = g_slots_used.load(std::memory_order_acquire);
+  for (int i = 0; i < used; i++) {
+    BurstGuard* g = g_active[i].load(std::memory_order_acquire);
+    if (g && pthread_equal(g->owner, me) && g->link->markedDown()) {
+      g_active[i].store(nullptr, std::memory_order_release);
+      siglongjmp(g->env, 1);
+    }
   }
   // Not ours: restore the previous disposition; the faulting instruction runs
   // again and faults into it (a signal sent with kill/raise is re-sent).
@@ -152,7 +163,9 @@ void onFault(int sig, siginfo_t* si, void*) {
   if (si->si_code <= 0) raise(sig);
 }
 
-void installBurstGuard() {
+// Installs the handler (once) and returns the link's first guard slot, or -1
+// when every slot is taken (that link's bursts then run unguarded).
+int installBurstGuard() {
   static std::once_flag once;
   std::call_once(once, [] {
     struct sigaction sa;
@@ -163,23 +176,34 @@ void installBurstGuard() {
     sigaction(SIGSEGV, &sa, &g_prev_segv);
     sigaction(SIGBUS, &sa, &g_prev_bus);
   });
+  int slot = g_slots_used.fetch_add(2);
+  if (slot + 2 <= kGuardSlots) return slot;
+  g_slots_used.fetch_sub(2);
+  HARP_WARN("dpdk: more than %d memif links: the new link's bursts run without the peer-death guard",
+            kGuardSlots / 2);
+  return -1;
 }
 
 // rx (tx=false) or tx burst on a memif link; -1 when the PMD unmapped the link under it.
 int guardedBurst(Link* l, bool tx, rte_mbuf** pkts, int n) {
+  auto burst = [&] {
+    return tx ? rte_eth_tx_burst(l->port, 0, pkts, static_cast<uint16_t>(n))
+              : rte_eth_rx_burst(l->port, 0, pkts, static_cast<uint16_t>(n));
+  };
+  if (l->guard_slot < 0) return burst();
+  std::atomic<BurstGuard*>& slot = g_active[l->guard_slot + (tx ? 1 : 0)];
   BurstGuard g;
   g.link = l;
+  g.owner = pthread_self();
   if (sigsetjmp(g.env, 0) != 0) {
-    t_burst = nullptr;
     if (!l->lost.exchange(true))
       HARP_WARN("dpdk: %s: the memif PMD unmapped the link during a %s burst (peer pid %d exited, "
                 "or the port stopped); the link is closed", l->name.c_str(), tx ? "tx" : "rx", l->peer_pid);
     return -1;
   }
-  t_burst = &g;
-  int k = tx ? rte_eth_tx_burst(l->port, 0, pkts, static_cast<uint16_t>(n))
-             : rte_eth_rx_burst(l->port, 0, pkts, static_cast<uint16_t>(n));
-  t_burst = nullptr;
+  slot.store(&g, std::memory_order_release);
+  int k = burst();
+  slot.store(nullptr, std::memory_order_release);
   return k;
 }
 }  // namespace
@@ -537,7 +561,7 @@ Link* Runtime::memifLink(int peer_pid, double timeout_s) {
   l->memif_server = server;
   l->memif_socket = sock;
   l->peer_pid = peer_pid;
-  installBurstGuard();
+  l->guard_slot = installBurstGuard();
   std::string dev = "net_memif_h" + std::to_string(vdev_seq_++);
   std::string devargs = dev + ",role=" + (server ? "server" : "client") + ",id=0,socket=" + sock +
                         ",socket-abstract=no,bsize=" + std::to_string(std::max(2048u, mtu + 128)) + ",rsize=9";

@@ -63,6 +63,7 @@ class Link {
   std::atomic<bool> socket_removed{false};  // memif server: path unlinked once connected
   int peer_pid = 0;                         // memif: the process at the other end
   std::atomic<bool> lost{false};            // memif: the PMD unmapped the link under a burst
+  int guard_slot = -1;                      // memif: its burst-guard slots (port.cc), -1: none
 
   bool loopback() const { return port == 0xffff; }
   bool up();                // link state (loopback: always)
