@@ -24,7 +24,8 @@
 // PeerError. The guard is a SIGSEGV/SIGBUS handler installed with the first
 // memif link; faults outside a guarded burst on a link the PMD has marked down
 // go to the handler that was there before (Python's faulthandler, or the
-// default action).
+// default action). A SIGSEGV handler installed after it (by the application)
+// replaces it, and the old crash comes back.
 #pragma once
 
 #include <atomic>
