@@ -25,7 +25,17 @@ DTYPES = [np.dtype(d) for d in DTYPES]
 FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)} | ({BF16} if BF16 is not None else set())
 ARITH_OPS = ["sum", "prod", "min", "max", "avg"]
 BIT_OPS = ["band", "bor", "bxor"]
-ALLREDUCE_ALGOS = ["ring", "halving_doubling", "recursive_doubling"]
+
+
+def registered_algorithms(coll):
+    """The algorithm names the library registers for `coll` (harp._harp.algorithms), in its order."""
+    return [a.strip() for a in harp._harp.algorithms(coll).split(",") if a.strip()]
+
+
+# Every registered allreduce algorithm, taken from the registry (never listed
+# here): a new algorithm joins every matrix that uses this list. One that needs
+# a transport the communicator lacks (shm) runs its declared fallback there.
+ALLREDUCE_ALGOS = registered_algorithms("allreduce")
 
 
 def ops_for(dt):
@@ -232,7 +242,8 @@ class Checker:
         c.barrier()
 
 
-def check_everything(comm, sizes=(0, 1, 7, 1031), algos=ALLREDUCE_ALGOS):
+def check_everything(comm, sizes=(0, 1, 7, 1031), algos=None):
+    algos = ALLREDUCE_ALGOS if algos is None else algos
     ch = Checker(comm)
     ch.allreduce(sizes, algos)
     ch.rooted(sizes)

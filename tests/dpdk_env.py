@@ -28,9 +28,18 @@ def dpdk_unavailable() -> str:
 
 
 def selftest_binary() -> str | None:
+    """harp_dpdk_selftest: installed next to libharp.so (a wheel), else the one
+    scripts/dev-build.sh built (build/dev) when harp is this checkout's python/harp."""
     d = os.path.dirname(harp.__file__)
     p = os.path.join(d, "harp_dpdk_selftest")
-    return p if os.path.exists(p) else None
+    if os.path.exists(p):
+        return p
+    root = os.path.dirname(HERE)
+    if os.path.realpath(d) == os.path.realpath(os.path.join(root, "python", "harp")):
+        p = os.path.join(root, os.environ.get("BUILD_DIR", "build/dev"), "transport", "dpdk", "harp_dpdk_selftest")
+        if os.path.exists(p):
+            return p
+    return None
 
 
 def _run(cmd, check=True):

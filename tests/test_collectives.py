@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import harp
-from collectives_check import ALLREDUCE_ALGOS, check_everything
+from collectives_check import BF16, check_everything, registered_algorithms
 from harness import run_ranks
 
 
@@ -222,3 +222,118 @@ def test_fast_path_for_gather_scatter_alltoall_reduce(transport, nranks):
         assert g["rs_declined"] is False, g
         assert g["a2a_ok"] and g["a2a_declined"] is False, g
         assert g["reduce_ok"], g
+
+
+# ---------------------------------------------------------------------------- bitwise identical on every rank
+# Random floats make the order of additions visible in the last bits: an
+# algorithm in which ranks reduce in different orders (or a transport that
+# delivers a stale block) gives ranks results that differ by an ulp. Every
+# registered allreduce algorithm (from the library's registry, not a list kept
+# here), every float dtype, sum / prod / avg, odd counts.
+BITWISE_DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)] + ([BF16] if BF16 else [])
+BITWISE_OPS = ["sum", "prod", "avg"]
+BITWISE_COUNTS = (1, 7, 1031, 20_003)
+# Machine epsilon per dtype (bfloat16 has 8 significand bits, float16 11).
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
+
+
+def _random_input(rank, n, dt, op, seed=15):
+    """Seeded per (rank, n, dtype, op): normal values for sum/avg, magnitudes in
+    [0.5, 1.5) with random signs for prod (no overflow or underflow in float16 on 5 ranks)."""
+    rng = np.random.default_rng([seed, rank, n, BITWISE_DTYPES.index(dt), BITWISE_OPS.index(op)])
+    if op == "prod":
+        v = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
+    else:
+        v = rng.standard_normal(n)
+    return v.astype(dt)
+
+
+def _within_tolerance(got, inputs, dt, op, size):
+    """got (dtype dt) against the float64 reduction of the dtype-rounded inputs: at most
+    (size + 1) roundings, each of relative size eps, of the sum of magnitudes (sum, avg)
+    or of the product of magnitudes (prod)."""
+    st = np.stack([x.astype(np.float64) for x in inputs])
+    if op == "prod":
+        ref, scale = st.prod(0), np.abs(st).prod(0)
+    else:
+        ref, scale = st.sum(0), np.abs(st).sum(0)
+        if op == "avg":
+            ref, scale = ref / size, scale / size
+    err = np.abs(got.astype(np.float64) - ref)
+    bound = (size + 1) * EPS[dt.name] * scale
+    bad = np.flatnonzero(err > bound)
+    return None if bad.size == 0 else (int(bad[0]), float(got.astype(np.float64)[bad[0]]), float(ref[bad[0]]))
+
+
+def _bitwise(rank, size):
+    import hashlib
+
+    comm = harp.init()
+    algos = registered_algorithms("allreduce")
+    hashes, far = {}, []
+    for algo in algos:
+        for dt in BITWISE_DTYPES:
+            for op in BITWISE_OPS:
+                for n in BITWISE_COUNTS:
+                    inputs = [_random_input(r, n, dt, op) for r in range(size)]
+                    x = inputs[rank].copy()
+                    out = np.empty_like(x)
+                    comm.allreduce(x, out, op, algo=algo)
+                    comm.allreduce(x, None, op, algo=algo)  # in place
+                    for mode, got in (("out-of-place", out), ("in-place", x)):
+                        key = f"{algo} {dt.name} {op} n={n} {mode}"
+                        hashes[key] = hashlib.sha256(got.tobytes()).hexdigest()
+                        off = _within_tolerance(got, inputs, dt, op, size)
+                        if off:
+                            far.append(f"rank {rank}: {key}: index {off[0]} got {off[1]!r}, float64 says {off[2]!r}")
+    comm.destroy()
+    return algos, hashes, far
+
+
+def hash_mismatches(per_rank):
+    """per_rank: one {case: hash} per rank. Returns the cases whose hash differs between
+    ranks (or that some rank lacks), each with the ranks grouped by the hash they hold."""
+    out = []
+    for key in sorted(set().union(*per_rank)):
+        groups = {}
+        for r, h in enumerate(per_rank):
+            groups.setdefault(h.get(key, "missing"), []).append(r)
+        if len(groups) > 1:
+            out.append(f"{key}: ranks {sorted(groups.values())} hold different results")
+    return out
+
+
+def test_hash_mismatches_reports_one_differing_byte():
+    import hashlib
+
+    a = np.random.default_rng(1).standard_normal(1031).astype(np.float32)
+    b = a.copy()
+    b.view(np.uint8)[517] ^= 1  # one bit of one byte
+    ha, hb = hashlib.sha256(a.tobytes()).hexdigest(), hashlib.sha256(b.tobytes()).hexdigest()
+    assert hash_mismatches([{"k": ha}, {"k": ha}, {"k": ha}]) == []
+    assert hash_mismatches([{"k": ha}, {"k": hb}, {"k": ha}]) == ["k: ranks [[0, 2], [1]] hold different results"]
+    assert hash_mismatches([{"k": ha}, {}]) == ["k: ranks [[0], [1]] hold different results"]
+
+
+def test_within_tolerance_catches_a_wrong_last_bits_result():
+    inputs = [_random_input(r, 1031, np.dtype(np.float32), "sum") for r in range(3)]
+    exact = sum(x.astype(np.float64) for x in inputs).astype(np.float32)
+    assert _within_tolerance(exact, inputs, np.dtype(np.float32), "sum", 3) is None
+    wrong = exact.copy()
+    wrong[10] += np.float32(1e-3)
+    assert _within_tolerance(wrong, inputs, np.dtype(np.float32), "sum", 3)[0] == 10
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("nranks", [3, 5])
+def test_allreduce_bitwise_identical_on_every_rank(transport, nranks):
+    res = run_ranks(nranks, _bitwise, env={"HARP_TRANSPORT": transport}, timeout=600)
+    algos = res[0][0]
+    assert len(algos) >= 3 and all(a == algos for a, _, _ in res), [a for a, _, _ in res]
+    per_rank = [h for _, h, _ in res]
+    cases = len(algos) * len(BITWISE_DTYPES) * len(BITWISE_OPS) * len(BITWISE_COUNTS) * 2
+    assert all(len(h) == cases for h in per_rank), [len(h) for h in per_rank]
+    mismatches = hash_mismatches(per_rank)
+    assert not mismatches, f"{len(mismatches)} of {cases} cases differ between ranks:\n" + "\n".join(mismatches[:30])
+    far = [f for _, _, fs in res for f in fs]
+    assert not far, f"{len(far)} results outside the tolerance:\n" + "\n".join(far[:30])

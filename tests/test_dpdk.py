@@ -18,6 +18,7 @@ import dpdk_env
 import netns
 from collectives_check import check_everything
 from harness import run_ranks
+from selection_check import choice_problem, chosen_transports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WHY = dpdk_env.dpdk_unavailable()
@@ -212,13 +213,63 @@ def _killed_peer(rank, size):
     return "no error", ""
 
 
-def test_killed_peer_is_reported_quickly():
+def killed_peer_problem(res, dead=1):
+    """None when rank `dead` died and every other rank raised a PeerError naming it; else what happened."""
+    if res[dead][0] != "died":
+        return f"rank {dead} did not die: {res[dead]}"
+    for r, (status, val) in enumerate(res):
+        if r == dead:
+            continue
+        if status != "ok":
+            return f"survivor rank {r} {status}: {val}"  # e.g. ('died', -11): killed by SIGSEGV
+        kind, msg = val
+        if kind != "PeerError" or f"rank {dead}" not in msg:
+            return f"survivor rank {r} raised {kind}: {msg}"
+    return None
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_killed_peer_is_reported_quickly(round_):
+    """A memif peer that dies mid-allreduce: every survivor gets a PeerError naming it,
+    never a crash. DPDK 22.11's memif PMD unmaps the link under a running burst when
+    the peer dies (README.md, Notes); before the burst guard in port.cc a survivor
+    died of SIGSEGV in 2-3 of 10 runs on this machine at moderate load (none in 20
+    under heavy load: the race depends on timing, which is why
+    test_memif_unmapped_under_a_burst_is_survived forces it)."""
     res = run_ranks(3, _killed_peer, env=dict(MEMIF, HARP_TIMEOUT="30"), timeout=90, allow_errors=True)
-    assert res[1][0] == "died"
-    for r in (0, 2):
-        status, (kind, msg) = res[r]
-        assert status == "ok" and kind in ("PeerError", "HarpError"), res
-        assert "rank 1" in msg or "aborted" in msg, msg
+    problem = killed_peer_problem(res)
+    assert problem is None, problem
+
+
+def test_killed_peer_problem_reports_a_crashed_survivor():
+    ok = ("ok", ("PeerError", "allreduce failed: rank 1 (pid 9) has exited"))
+    assert killed_peer_problem([ok, ("died", 7), ok]) is None
+    assert "died: -11" in killed_peer_problem([("died", -11), ("died", 7), ok])
+    assert "raised HarpError" in killed_peer_problem([ok, ("died", 7), ("ok", ("HarpError", "rank 1 timeout"))])
+    assert "did not die" in killed_peer_problem([ok, ok, ok])
+
+
+def test_memif_unmapped_under_a_burst_is_survived():
+    """The race behind the killed-peer crash, made to happen: harp_dpdk_selftest
+    --unmap-race streams frames into a memif link and stops the port from another
+    thread, so the PMD's memif_disconnect unmaps the rings under the running burst
+    (as DPDK's interrupt thread does when a peer dies). Without the burst guard
+    (port.cc) the process died of SIGSEGV in 3 of 6 runs here; with it every run
+    survives and reads the link lost (fault caught) or down (the stop fell between
+    bursts). Eight runs."""
+    exe = dpdk_env.selftest_binary()
+    if not exe:
+        pytest.skip("harp_dpdk_selftest is not installed in the harp package")
+    env = dict(os.environ, HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192")
+    caught = 0
+    for i in range(8):
+        r = subprocess.run([exe, "--unmap-race", "--timeout", "60"], env=env, capture_output=True, text=True,
+                           timeout=180)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, f"run {i}: exit status {r.returncode} (-11/139: SIGSEGV)\n{out[-3000:]}"
+        assert "OK unmap-race: survived" in r.stdout, out[-3000:]
+        caught += "guard caught the fault" in r.stdout
+    print(f"guard caught a fault in {caught} of 8 runs")
 
 
 def _same_process_is_fine_and_not_default(rank, size):
@@ -232,10 +283,24 @@ def test_not_chosen_unless_configured():
     env = {k: "" for k in ("HARP_DPDK_PORT", "HARP_TRANSPORT")}
     res = run_ranks(2, _same_process_is_fine_and_not_default, env=env)
     assert all("dpdk" not in k for k in res), res
-    # Configuring a port makes it preferred over TCP (shared memory, priority 30,
-    # still wins for peers on the same host when it is built).
-    res = run_ranks(2, _same_process_is_fine_and_not_default, env=dict(MEMIF, HARP_TRANSPORT=""))
-    assert all(k in (["dpdk"], ["shm"]) for k in res), res
+
+
+def test_preferred_to_tcp_when_configured():
+    """HARP_DPDK_PORT set, no HARP_TRANSPORT, ranks on different hosts (own IPC
+    namespaces, selection_check.py: shm cannot reach across): every peer gets
+    dpdk (priority 15), never tcp (10). Without HARP_DPDK_PORT the same ranks
+    get tcp, and the same check reports it: the check can fail."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (unshare CLONE_NEWIPC) to make ranks look like different hosts")
+    auto = dict(MEMIF, HARP_TRANSPORT="")
+    res = run_ranks(3, chosen_transports, True, env=auto, timeout=120)
+    assert choice_problem(res, "dpdk") is None, choice_problem(res, "dpdk")
+    res = run_ranks(3, chosen_transports, True, env=dict(auto, HARP_DPDK_PORT=""), timeout=120)
+    problem = choice_problem(res, "dpdk")
+    assert problem and "with tcp, not dpdk" in problem, (problem, res)
+    # On one host (no private namespaces) the same check sees shm and says so.
+    problem = choice_problem(run_ranks(2, chosen_transports, False, env=auto, timeout=120), "dpdk")
+    assert problem and "share a host id" in problem, problem
 
 
 def _idle_cpu(rank, size):

@@ -3,14 +3,16 @@
 * The foundation suites (test_collectives.py, test_failures.py) again, with every
   HARP_TRANSPORT=tcp they ask for turned into shm (tests that are about TCP or
   the tcp tuning rows are listed in _TCP_ONLY and replaced by shm versions here).
-* The full collective matrix on shm with the `shm` allreduce algorithm added, and
+* The full collective matrix on shm with every registered allreduce algorithm
+  (the `shm` one included), and
   sizes that cross its small/sliced threshold and its chunk boundary.
 * Mixed communicators: ranks in two network namespaces (created here, removed
   after): shm inside each namespace, tcp across.
 * kill -9 of a rank: the others fail fast naming it, and /dev/shm is unchanged
   (memfd and the shm_open fallback). A tiny /dev/shm: memfd does not care; the
   fallback's error names /dev/shm and the fix.
-* The C++ transport gtest (tests/cpp/test_shm_transport.cc) when it is built.
+* The C++ transport gtest (tests/cpp/test_shm_transport.cc) runs from
+  tests/test_cpp.py (test_cpp_shm_transport_gtest), which builds it.
 """
 import functools
 import inspect
@@ -33,7 +35,6 @@ from collectives_check import ALLREDUCE_ALGOS, check_everything
 from harness import run_ranks
 
 SHM = {"HARP_TRANSPORT": "shm"}
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the harp under test lives (the installed package in CI, python/ in a dev tree).
 HARP_PATH = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))
 
@@ -108,13 +109,14 @@ def test_forced_tcp_still_works_and_uses_tcp_rows():
 # ------------------------------------------------------------------ collective matrix on shm
 def _matrix(rank, size, sizes):
     comm = harp.init()
-    failures, calls = check_everything(comm, sizes, ALLREDUCE_ALGOS + ["shm"])
+    failures, calls = check_everything(comm, sizes, ALLREDUCE_ALGOS)
     comm.destroy()
     return failures, calls
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 8])
 def test_every_collective_with_shm_algorithm(nranks):
+    assert "shm" in ALLREDUCE_ALGOS, ALLREDUCE_ALGOS
     # 5000 float32 = 20 KB: past the 16 KB direct threshold (sliced path).
     res = run_ranks(nranks, _matrix, (0, 1, 7, 1031, 5000), env=SHM, timeout=900)
     failures = [f for fs, _ in res for f in fs]
@@ -335,20 +337,3 @@ def test_mixed_shm_and_tcp_across_two_network_namespaces(two_netns):
         assert res["transports"] == want, res
         assert all(res["ok"]), res
         assert res["algo"] != "shm"  # "mixed" rows: not every peer is on shm
-
-
-# ------------------------------------------------------------------ C++ transport gtest
-def _gtest_binary():
-    for d in ("build/dev", "build"):
-        p = os.path.join(ROOT, d, "tests", "cpp", "harp_cpp_tests")
-        if os.path.exists(p):
-            return p
-    return None
-
-
-@pytest.mark.skipif(_gtest_binary() is None, reason="C++ tests not built (cmake -DHARP_BUILD_TESTS=ON)")
-def test_cpp_shm_transport_gtest():
-    out = subprocess.run([_gtest_binary(), "--gtest_filter=ShmTransport.*"], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "PASSED" in out.stdout

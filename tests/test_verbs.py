@@ -7,7 +7,9 @@ tests/verbs_guest.py in one Python process (imports are slow under emulation);
 each scenario is reported back as its own test below:
 
   devices      harp.verbs.devices() (pyverbs) lists rxe0, port ACTIVE, RoCE v2 GID
-  selection    HARP_TRANSPORT=verbs uses verbs for every peer; automatic choice too
+  selection    HARP_TRANSPORT=verbs uses verbs for every peer; automatic choice
+               between ranks on different hosts (own IPC namespaces) is verbs,
+               never tcp; with verbs disabled the same check sees tcp
   collectives  every collective, algorithm, op and root (3 dtypes), 4 and 3 ranks
   large        8 MB allreduce / broadcast split into many RDMA writes
   mr_cache     lazy mode reuses one registration per buffer across 30 calls;

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import harp  # noqa: E402
 import collectives_check as cc  # noqa: E402
 from harness import run_ranks  # noqa: E402
+from selection_check import choice_problem, chosen_transports  # noqa: E402
 
 VERBS = {"HARP_TRANSPORT": "verbs"}
 
@@ -68,11 +69,18 @@ def _transports(rank, size):
 def s_selection():
     forced = run_ranks(3, _transports, env=VERBS, timeout=90)
     assert all(t == ["verbs"] for t in forced), forced
-    # Without HARP_TRANSPORT: verbs (priority 20) is preferred to tcp (10) when
-    # every rank has a device; a local-only transport (shm) may outrank both.
-    auto = run_ranks(2, _transports, env={"HARP_TRANSPORT": "auto"}, timeout=90)
-    assert all(t[0] in ("verbs", "shm") for t in auto), auto
-    return f"forced: {forced[0]}, automatic: {auto[0]}"
+    # Without HARP_TRANSPORT, ranks on different hosts (own IPC namespaces, see
+    # selection_check.py: shm cannot reach across) must get verbs (priority 20),
+    # never tcp (10).
+    auto = {"HARP_TRANSPORT": "auto"}
+    res = run_ranks(2, chosen_transports, True, env=auto, timeout=90)
+    assert choice_problem(res, "verbs") is None, choice_problem(res, "verbs")
+    # The check can fail: with verbs disabled (HARP_IB_HCA names no device) the
+    # same ranks get tcp and the same check reports it.
+    off = run_ranks(2, chosen_transports, True, env=dict(auto, HARP_IB_HCA="nosuchdev0"), timeout=90)
+    problem = choice_problem(off, "verbs")
+    assert problem and "with tcp, not verbs" in problem, (problem, off)
+    return f"forced: {forced[0]}, automatic across hosts: {res[0][1]}; verbs disabled: {problem}"
 
 
 def _matrix(rank, size, sizes):

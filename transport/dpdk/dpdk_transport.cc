@@ -463,6 +463,11 @@ void DpdkTransport::checkLiveness() {
   for (int p = 0; p < info_.size; p++) {
     PeerLink& pl = peers_[p];
     if (!pl.pair || proto_->peerFailed(p) || !proto_->peerBusy(p)) continue;
+    if (pl.link->lost) {  // the memif PMD closed the link under a burst (port.h)
+      proto_->failPeer(p, "rank " + std::to_string(p) + " (pid " + std::to_string(pl.pid) +
+                              ") is gone: its memif link closed (the process exited or was killed)");
+      continue;
+    }
     if (pl.same_boot && pl.pid > 0 && pl.pid != getpid()) {
       bool alive = kill(pl.pid, 0) == 0 || errno == EPERM;
       if (alive && pl.start && processStart(pl.pid) != pl.start) alive = false;

@@ -5,6 +5,8 @@
 #include <net/if.h>
 #include <pthread.h>
 #include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <rte_eal.h>
@@ -108,14 +110,110 @@ void Link::restart() {
   rte_eth_dev_start(port);
 }
 
-// memif: the PMD unmaps a peer's shared regions when its control socket closes
-// (the peer died), on DPDK's interrupt thread, while a burst of ours may be
-// reading or writing them. Checking the link first keeps bursts away from a
-// link already marked down; it narrows that window but cannot close it (the
-// PMD clears its connected flag only just before unmapping).
+bool Link::markedDown() const {
+  // For memif (a primary process) link_update only reports success and the
+  // status is a plain read of what memif_disconnect wrote first: no lock, no
+  // allocation, so this is safe inside the fault handler below.
+  rte_eth_link link;
+  std::memset(&link, 0, sizeof link);
+  return !loopback() && (rte_eth_link_get_nowait(port, &link) != 0 || link.link_status != RTE_ETH_LINK_UP);
+}
+
+// ---------------------------------------------------------------- memif burst guard
+// DPDK 22.11's memif PMD disconnects a link when the peer's control socket
+// closes (the peer died or exited), on DPDK's interrupt thread: it marks the
+// link down, then munmaps the shared regions and frees their descriptors
+// (memif_disconnect -> memif_free_regions). A burst of ours that checked the
+// link before that, and is copying through the rings when the unmap lands,
+// faults (SIGSEGV in librte_net_memif: it took 2-3 of 10 killed-peer runs
+// here). Nothing outside the PMD can order the two, so memif bursts run under
+// a guard: the fault handler sees that the faulting thread is inside a burst
+// on a link the PMD has marked down, and jumps back to the burst's caller,
+// which marks the link lost. The interrupted burst's mbufs are leaked, never
+// freed twice (the PMD may have freed some). Cost per burst: one sigsetjmp
+// without a signal mask (no system call) and two atomic stores.
+namespace {
+struct BurstGuard {
+  sigjmp_buf env;
+  const Link* link;
+  pthread_t owner;
+};
+// The guards of bursts in progress: slot 2i for the rx side of the i-th memif
+// link, 2i+1 for its tx side (each side bursts under its own mutex, so a slot
+// holds at most one). Plain atomics, no thread-local storage: the handler
+// runs on any thread, and a dlopen-ed module's TLS may allocate on first use.
+constexpr int kGuardSlots = 2048;
+std::atomic<BurstGuard*> g_active[kGuardSlots];
+std::atomic<int> g_slots_used{0};
+struct sigaction g_prev_segv, g_prev_bus;
+
+void onFault(int sig, siginfo_t* si, void*) {
+  const pthread_t me = pthread_self();
+  const int used = g_slots_used.load(std::memory_order_acquire);
+  for (int i = 0; i < used; i++) {
+    BurstGuard* g = g_active[i].load(std::memory_order_acquire);
+    if (g && pthread_equal(g->owner, me) && g->link->markedDown()) {
+      g_active[i].store(nullptr, std::memory_order_release);
+      siglongjmp(g->env, 1);
+    }
+  }
+  // Not ours: restore the previous disposition; the faulting instruction runs
+  // again and faults into it (a signal sent with kill/raise is re-sent).
+  sigaction(sig, sig == SIGSEGV ? &g_prev_segv : &g_prev_bus, nullptr);
+  if (si->si_code <= 0) raise(sig);
+}
+
+// Installs the handler (once) and returns the link's first guard slot, or -1
+// when every slot is taken (that link's bursts then run unguarded).
+int installBurstGuard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = onFault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // NODEFER: nothing stays blocked after the jump
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_prev_segv);
+    sigaction(SIGBUS, &sa, &g_prev_bus);
+  });
+  int slot = g_slots_used.fetch_add(2);
+  if (slot + 2 <= kGuardSlots) return slot;
+  g_slots_used.fetch_sub(2);
+  HARP_WARN("dpdk: more than %d memif links: the new link's bursts run without the peer-death guard",
+            kGuardSlots / 2);
+  return -1;
+}
+
+// rx (tx=false) or tx burst on a memif link; -1 when the PMD unmapped the link under it.
+int guardedBurst(Link* l, bool tx, rte_mbuf** pkts, int n) {
+  auto burst = [&] {
+    return tx ? rte_eth_tx_burst(l->port, 0, pkts, static_cast<uint16_t>(n))
+              : rte_eth_rx_burst(l->port, 0, pkts, static_cast<uint16_t>(n));
+  };
+  if (l->guard_slot < 0) return burst();
+  std::atomic<BurstGuard*>& slot = g_active[l->guard_slot + (tx ? 1 : 0)];
+  BurstGuard g;
+  g.link = l;
+  g.owner = pthread_self();
+  if (sigsetjmp(g.env, 0) != 0) {
+    if (!l->lost.exchange(true))
+      HARP_WARN("dpdk: %s: the memif PMD unmapped the link during a %s burst (peer pid %d exited, "
+                "or the port stopped); the link is closed", l->name.c_str(), tx ? "tx" : "rx", l->peer_pid);
+    return -1;
+  }
+  slot.store(&g, std::memory_order_release);
+  int k = burst();
+  slot.store(nullptr, std::memory_order_release);
+  return k;
+}
+}  // namespace
+
+// memif: never burst on a link already marked down or lost (see the guard).
 int Link::rx(rte_mbuf** pkts, int n) {
-  if (loopback() || (is_memif && !up())) return 0;
-  return rte_eth_rx_burst(port, 0, pkts, n);
+  if (loopback()) return 0;
+  if (!is_memif) return rte_eth_rx_burst(port, 0, pkts, n);
+  if (lost || !up()) return 0;
+  return std::max(guardedBurst(this, false, pkts, n), 0);
 }
 
 int Link::tx(rte_mbuf** pkts, int n) {
@@ -131,11 +229,19 @@ int Link::tx(rte_mbuf** pkts, int n) {
     if (nw == 64 || i == n - 1) {
       std::lock_guard<std::mutex> g(tx_mu);
       int sent = 0;
-      for (int attempt = 0; attempt < 4 && sent < nw && !(is_memif && !up()); attempt++) {  // see rx()
-        sent += rte_eth_tx_burst(port, 0, wire + sent, nw - sent);
+      bool cut = false;
+      for (int attempt = 0; attempt < 4 && sent < nw && !(is_memif && (lost || !up())); attempt++) {
+        int k = is_memif ? guardedBurst(this, true, wire + sent, nw - sent)
+                         : rte_eth_tx_burst(port, 0, wire + sent, nw - sent);
+        if (k < 0) {
+          cut = true;  // the PMD may have freed some of them: leak the rest
+          break;
+        }
+        sent += k;
         if (sent < nw) sched_yield();
       }
-      for (int k = sent; k < nw; k++) rte_pktmbuf_free(wire[k]);  // the protocol retransmits
+      if (!cut)
+        for (int k = sent; k < nw; k++) rte_pktmbuf_free(wire[k]);  // the protocol retransmits
       dropped += nw - sent;
       nw = 0;
     }
@@ -454,6 +560,8 @@ Link* Runtime::memifLink(int peer_pid, double timeout_s) {
   l->is_memif = true;
   l->memif_server = server;
   l->memif_socket = sock;
+  l->peer_pid = peer_pid;
+  l->guard_slot = installBurstGuard();
   std::string dev = "net_memif_h" + std::to_string(vdev_seq_++);
   std::string devargs = dev + ",role=" + (server ? "server" : "client") + ",id=0,socket=" + sock +
                         ",socket-abstract=no,bsize=" + std::to_string(std::max(2048u, mtu + 128)) + ",rsize=9";

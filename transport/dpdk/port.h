@@ -15,6 +15,17 @@
 // Threading: Runtime::get() and the link factories are thread-safe (one
 // mutex). A Link's rx side is guarded by rx_mu (try_lock: whoever holds it
 // polls for everyone), its tx side by tx_mu; Inbox has its own lock.
+//
+// A dying memif peer (DPDK 22.11's PMD, port.cc "memif burst guard"): the PMD
+// unmaps the link's shared memory on DPDK's interrupt thread while one of our
+// bursts may be copying through it. memif bursts run under a guard that turns
+// the resulting fault into a lost link (`lost` set, a warning naming the
+// peer's pid) instead of a crash; the transport then fails that peer with a
+// PeerError. The guard is a SIGSEGV/SIGBUS handler installed with the first
+// memif link; faults outside a guarded burst on a link the PMD has marked down
+// go to the handler that was there before (Python's faulthandler, or the
+// default action). A SIGSEGV handler installed after it (by the application)
+// replaces it, and the old crash comes back.
 #pragma once
 
 #include <atomic>
@@ -51,12 +62,17 @@ class Link {
   bool trust_mtu = false;   // the PMD under-reports its frame limit: use the MTU asked for
   std::string memif_socket;
   std::atomic<bool> socket_removed{false};  // memif server: path unlinked once connected
+  int peer_pid = 0;                         // memif: the process at the other end
+  std::atomic<bool> lost{false};            // memif: the PMD unmapped the link under a burst
+  int guard_slot = -1;                      // memif: its burst-guard slots (port.cc), -1: none
 
   bool loopback() const { return port == 0xffff; }
   bool up();                // link state (loopback: always)
   void restart();           // stop + start (memif client: retry the connection)
   // Receive up to n frames (caller holds rx_mu). Loopback links never receive here.
   int rx(rte_mbuf** pkts, int n);
+  // The PMD's own view (no callbacks): has it marked the link down? Safe in a signal handler.
+  bool markedDown() const;
   // Transmit frames (takes tx_mu). Frames addressed to this link's own MAC, or
   // on a loopback link, are delivered locally. Returns frames dropped.
   int tx(rte_mbuf** pkts, int n);

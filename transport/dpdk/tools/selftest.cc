@@ -5,6 +5,7 @@
 //   harp_dpdk_selftest --rank R --size N --dir DIR [--iters K] [--max-bytes B]
 //                      [--seed S] [--mismatch] [--bench SIZE] [--timeout T]
 //   harp_dpdk_selftest --threads N --dir DIR [...]   (N ranks as threads of one process)
+//   harp_dpdk_selftest --unmap-race [--timeout T]     (the memif burst guard, below)
 //
 // Ranks meet through files in DIR (pid.R, then blob.R). Each iteration every
 // rank sends one message to every other rank (sizes drawn from a seeded RNG
@@ -15,7 +16,19 @@
 // and one-way streaming throughput at SIZE bytes, with packets per second.
 // Prints "OK ..." and exits 0 on success; prints the failure and exits 1.
 // One thread per rank (--threads N runs N ranks in one process).
+// --unmap-race: a forked child drains a memif link while this process streams
+// 8000-byte frames into it from one thread and stops the port from another:
+// the PMD's memif_disconnect unmaps the shared regions under the running
+// burst, as it does on DPDK's interrupt thread when a peer dies. The process
+// must survive (the guard in port.cc) and the link must read lost or down.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <cstdio>
@@ -85,7 +98,7 @@ struct Opts {
   size_t max_bytes = 1 << 20;
   uint64_t seed = 1;
   std::string dir;
-  bool mismatch = false;
+  bool mismatch = false, unmap_race = false;
   size_t bench = 0;
   double timeout = 60;
 };
@@ -300,6 +313,74 @@ int runRank(Opts o, int rank) {
   }
 }
 
+namespace {
+// The peer of --unmap-race: connect to `server` and drain frames until killed.
+[[noreturn]] void drainForever(int server, double timeout) {
+  harp::dpdk::Link* l = harp::dpdk::Runtime::get().memifLink(server, timeout);
+  rte_mbuf* pkts[32];
+  double last_restart = now();
+  for (;;) {
+    if (!l->up()) {
+      // A memif client connects when it starts: retry until the server listens,
+      // leaving each attempt time for its handshake (as DpdkTransport::connect does).
+      if (now() - last_restart > 0.5) {
+        l->restart();
+        last_restart = now();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    std::lock_guard<std::mutex> g(l->rx_mu);
+    int n = l->rx(pkts, 32);
+    for (int i = 0; i < n; i++) rte_pktmbuf_free(pkts[i]);
+  }
+}
+
+int unmapRace(double timeout) {
+  int me = getpid();
+  pid_t child = fork();
+  if (child < 0) throw std::runtime_error("fork failed");
+  if (child == 0) drainForever(me, timeout);  // lower pid (this process) serves the link
+  auto kill_child = [&] {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  };
+  try {
+    harp::dpdk::Link* l = harp::dpdk::Runtime::get().memifLink(child, timeout);
+    double t0 = now();
+    while (!l->up())
+      if (now() - t0 > timeout) throw std::runtime_error("memif link to the child never came up");
+      else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::atomic<bool> stop{false};
+    std::atomic<long> frames{0};
+    std::thread tx([&] {
+      rte_mbuf* m[32];
+      while (!stop && !l->lost && l->up()) {
+        if (rte_pktmbuf_alloc_bulk(l->pool, m, 32) != 0) continue;
+        for (auto* b : m) {
+          std::memset(rte_pktmbuf_mtod(b, uint8_t*), 0xff, 14);  // broadcast: not delivered locally
+          b->data_len = b->pkt_len = 8000;
+        }
+        l->tx(m, 32);
+        frames += 32;
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    long before = frames;
+    rte_eth_dev_stop(l->port);  // memif_disconnect: unmaps the regions now
+    stop = true;
+    tx.join();
+    kill_child();
+    printf("OK unmap-race: survived; %ld frames streamed before the stop; link %s\n", before,
+           l->lost ? "lost (the guard caught the fault in a burst)" : "down (the stop fell between bursts)");
+    return before > 0 && (l->lost || !l->up()) ? 0 : 1;
+  } catch (const std::exception& e) {
+    kill_child();
+    printf("FAIL unmap-race: %s\n", e.what());
+    return 1;
+  }
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   Opts o;
@@ -323,11 +404,13 @@ int main(int argc, char** argv) {
     else if (a == "--bench") bench = std::stoull(next());
     else if (a == "--timeout") timeout = std::stod(next());
     else if (a == "--threads") o.threads = std::stoi(next());
+    else if (a == "--unmap-race") o.unmap_race = true;
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
   }
+  if (o.unmap_race) return unmapRace(timeout);
   if ((rank < 0 && o.threads == 0) || dir.empty()) {
     fprintf(stderr, "usage: harp_dpdk_selftest --rank R --size N --dir DIR [...]\n");
     return 2;
