@@ -50,7 +50,11 @@ NON_PARAMETERS = {
     "HARP_PATH": "Python constant in tests/test_shm.py",
     "HARP_MPI_PORT": "Python constant in python/harp/cluster/launchers.py",
     "HARP_UNIQUE": "a prefix matched by python/harp/bench/cli.py (HARP_UNIQUE_ID)",
+    "HARP_VOCAB_FILES": "CMake variable (the vocabulary check)",
 }
+NON_PARAMETERS.update(dict.fromkeys(
+    ("HARP_DTYPE", "HARP_DTYPE_ALIAS", "HARP_NCCL_DTYPE_ALIAS", "HARP_REDOP", "HARP_REDOP_ALIAS", "HARP_COLL",
+     "HARP_ERROR", "HARP_NCCL_RESULT", "HARP_NCCL_COUNT"), "X-macros of core/base/vocab.def"))
 # Deliberately misspelt or placeholder names: the examples of unknown variables in docs and tests.
 NON_PARAMETERS.update(dict.fromkeys(("HARP_TRANSPRT", "HARP_TIMEUOT", "HARP_SEGMENT_BYTE", "HARP_SOCKET_IFNAM",
                                      "HARP_X"), "an example of an unknown name (docs, tests)"))
