@@ -63,7 +63,7 @@ size_t bytesOf(const CollArgs& a) { return a.count * dtypeSize(a.dtype); }
 // number of seconds. inf and huge values saturate at kForeverS (~31 years), so
 // every conversion downstream (ms, ns, int seconds in messages) stays in range.
 double resolveTimeout(double given) {
-  double t = given < 0 ? env::timeout("HARP_TIMEOUT", 300.0) : env::checkTimeout(given, "timeout");
+  double t = given < 0 ? env::timeout("HARP_TIMEOUT") : env::checkTimeout(given, "timeout");
   return std::min(t, kForeverS);
 }
 
@@ -148,13 +148,14 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = resolveTimeout(opts_.timeout_s);
   tuning_ = TuningTable::fromEnvironment();
-  res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN", 64)));
-  res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES", 512 << 10), 4096);
+  res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN")));
+  res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
 }
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    CommOptions opts) {
   if (!store) throw InvalidArgument("no store given");
+  env::warnUnknownVariables();  // once per process: misspelt HARP_* variables (core/base/params.def)
   double timeout = resolveTimeout(opts.timeout_s);
   // Check in first: a bad rank/size, a duplicate or a missing rank is
   // reported to every rank through the store (core/base/rendezvous.h).

@@ -66,9 +66,9 @@ std::string addrText(const sockaddr_storage& ss, socklen_t len) {
 }  // namespace
 
 Handshake::Handshake(Config cfg) : cfg_(std::move(cfg)) {
-  conn_timeout_s_ = std::max(0.01, env::real("HARP_HANDSHAKE_TIMEOUT", 5.0));
-  refused_s_ = std::max(0.0, env::real("HARP_HANDSHAKE_REFUSED_S", 2.0));
-  max_pending_ = static_cast<size_t>(std::max<long long>(1, env::integer("HARP_HANDSHAKE_MAX_PENDING", 64)));
+  conn_timeout_s_ = std::max(0.01, env::real("HARP_HANDSHAKE_TIMEOUT"));
+  refused_s_ = std::max(0.0, env::real("HARP_HANDSHAKE_REFUSED_S"));
+  max_pending_ = static_cast<size_t>(std::max<long long>(1, env::integer("HARP_HANDSHAKE_MAX_PENDING")));
   if (!cfg_.rank_name) cfg_.rank_name = [](int r) { return "rank " + std::to_string(r); };
 }
 

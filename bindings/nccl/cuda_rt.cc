@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/types.h"
 
@@ -33,14 +34,14 @@ bool resolve(void* lib, const char* name, F& f) {
 }
 
 void load() {
-  const char* off = std::getenv("HARP_NCCL_CUDA");
+  const char* off = env::raw("HARP_NCCL_CUDA");
   if (off && std::string(off) == "0") {
     g_why = "disabled by HARP_NCCL_CUDA=0";
     return;
   }
   std::string tried;
   void* lib = nullptr;
-  const char* user = std::getenv("HARP_CUDART");
+  const char* user = env::raw("HARP_CUDART");
   const char* names[] = {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"};
   // The runtime the application already uses (torch, cupy...), so streams and
   // pointers come from the same one; then HARP_CUDART; then any.

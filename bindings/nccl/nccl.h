@@ -52,7 +52,8 @@ typedef struct {
   char internal[NCCL_UNIQUE_ID_BYTES];
 } ncclUniqueId;
 
-/* Result codes. */
+/* Result codes. The enum values here are NCCL's public ABI; the build checks
+ * them against core/base/vocab.def (scripts/check_vocab.py). */
 typedef enum {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,

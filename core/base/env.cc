@@ -1,55 +1,66 @@
 #include "core/base/env.h"
 
 #include <sched.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
+#include "core/base/params.h"
 #include "core/base/types.h"
 
 namespace harp::env {
+namespace {
 
-std::string str(const char* name, const std::string& def) {
+using params::Type;
+
+const char* setValue(const char* name) {
   const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : def;
+  return (v && *v) ? v : nullptr;
 }
 
-bool has(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v;
+// The environment's value, else the declared default; throws when the
+// declaration says "auto" (the reader must use the ...Or form).
+std::string valueOf(const char* name, Type type) {
+  const params::Param& p = params::require(name, type);
+  if (const char* v = setValue(name)) return v;
+  if (std::strcmp(p.def, "auto") == 0 && type != Type::kString && type != Type::kEnum)
+    throw Error(Error::kInternal, std::string(name) +
+                                      " has a computed default (auto in core/base/params.def): read it with "
+                                      "env::integerOr/realOr/timeoutOr");
+  return p.def;
 }
 
-long long integer(const char* name, long long def) {
-  std::string v = str(name);
-  if (v.empty()) return def;
+// For the ...Or readers: the parameter must be declared "auto".
+const char* autoValue(const char* name, Type type) {
+  const params::Param& p = params::require(name, type);
+  if (std::strcmp(p.def, "auto") != 0)
+    throw Error(Error::kInternal, std::string(name) + " has the default '" + p.def +
+                                      "' in core/base/params.def; read it without a default at the call site");
+  return setValue(name);
+}
+
+long long parseInteger(const char* name, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (*end != '\0') throw InvalidArgument(std::string(name) + "='" + v + "' is not an integer");
+  if (v.empty() || *end != '\0' || errno == ERANGE)
+    throw InvalidArgument(std::string(name) + "='" + v + "' is not an integer");
   return x;
 }
 
-double real(const char* name, double def) {
-  std::string v = str(name);
-  if (v.empty()) return def;
+double parseReal(const char* name, const std::string& v) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (*end != '\0') throw InvalidArgument(std::string(name) + "='" + v + "' is not a number");
+  if (v.empty() || *end != '\0') throw InvalidArgument(std::string(name) + "='" + v + "' is not a number");
   return x;
 }
 
-double checkTimeout(double x, const std::string& what) {
-  if (std::isnan(x) || x <= 0)
-    throw InvalidArgument(what + "=" + std::to_string(x) +
-                          ": a timeout must be a positive number of seconds (or inf for none)");
-  return x;
-}
-
-double timeout(const char* name, double def) {
-  std::string v = str(name);
-  if (v.empty()) return def;
+double parseTimeout(const char* name, const std::string& v) {
   char* end = nullptr;
   errno = 0;
   double x = std::strtod(v.c_str(), &end);
@@ -57,6 +68,62 @@ double timeout(const char* name, double def) {
     throw InvalidArgument(std::string(name) + "='" + v +
                           "' is not a timeout: use a positive number of seconds, or inf for no timeout");
   return x;  // huge values (1e13, inf, ERANGE overflow) saturate in Deadline::after
+}
+
+}  // namespace
+
+std::string str(const char* name) { return valueOf(name, Type::kString); }
+
+bool has(const char* name) {
+  params::require(name, Type::kString);
+  return setValue(name) != nullptr;
+}
+
+const char* raw(const char* name) {
+  params::require(name, Type::kString);
+  return std::getenv(name);
+}
+
+long long integer(const char* name) { return parseInteger(name, valueOf(name, Type::kInt)); }
+
+double real(const char* name) { return parseReal(name, valueOf(name, Type::kReal)); }
+
+bool flag(const char* name) {
+  std::string v = valueOf(name, Type::kBool);
+  for (const char* t : {"1", "true", "yes", "on"})
+    if (!strcasecmp(v.c_str(), t)) return true;
+  for (const char* f : {"0", "false", "no", "off"})
+    if (!strcasecmp(v.c_str(), f)) return false;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (!v.empty() && *end == '\0') return x != 0;
+  throw InvalidArgument(std::string(name) + "='" + v + "' is not a boolean (use 1/0, true/false, yes/no, on/off)");
+}
+
+double timeout(const char* name) { return parseTimeout(name, valueOf(name, Type::kSeconds)); }
+
+size_t bytes(const char* name) { return parseBytes(valueOf(name, Type::kBytes), name); }
+
+long long integerOr(const char* name, long long computed) {
+  const char* v = autoValue(name, Type::kInt);
+  return v ? parseInteger(name, v) : computed;
+}
+
+double realOr(const char* name, double computed) {
+  const char* v = autoValue(name, Type::kReal);
+  return v ? parseReal(name, v) : computed;
+}
+
+double timeoutOr(const char* name, double computed) {
+  const char* v = autoValue(name, Type::kSeconds);
+  return v ? parseTimeout(name, v) : computed;
+}
+
+double checkTimeout(double x, const std::string& what) {
+  if (std::isnan(x) || x <= 0)
+    throw InvalidArgument(what + "=" + std::to_string(x) +
+                          ": a timeout must be a positive number of seconds (or inf for none)");
+  return x;
 }
 
 size_t parseBytes(const std::string& v, const char* what) {
@@ -69,14 +136,12 @@ size_t parseBytes(const std::string& v, const char* what) {
   else if (suf == "M" || suf == "MB") mult = 1ull << 20;
   else if (suf == "G" || suf == "GB") mult = 1ull << 30;
   else throw InvalidArgument(std::string(what) + ": '" + v + "' is not a size (use e.g. 512K, 4M)");
-  if (end == v.c_str() || x < 0) throw InvalidArgument(std::string(what) + ": '" + v + "' is not a size");
+  if (end == v.c_str() || !(x >= 0)) throw InvalidArgument(std::string(what) + ": '" + v + "' is not a size");
+  if (x * static_cast<double>(mult) >= 0x1p63) throw InvalidArgument(std::string(what) + ": '" + v + "' is too large");
   return static_cast<size_t>(x * mult);
 }
 
-size_t bytes(const char* name, size_t def) {
-  std::string v = str(name);
-  return v.empty() ? def : parseBytes(v, name);
-}
+void warnUnknownVariables() { params::warnUnknownEnvironment(); }
 
 int availableCpus() {
   cpu_set_t set;

@@ -8,12 +8,14 @@
 #include <cstring>
 #include <strings.h>
 
+#include "core/base/env.h"
+
 namespace harp {
 namespace {
 std::atomic<int> g_rank{-1};
 
 LogLevel parseLevel() {
-  const char* v = std::getenv("HARP_DEBUG");
+  const char* v = env::raw("HARP_DEBUG");
   if (!v || !*v) return LogLevel::kWarn;
   if (!strcasecmp(v, "NONE") || !strcasecmp(v, "OFF")) return LogLevel::kNone;
   if (!strcasecmp(v, "INFO")) return LogLevel::kInfo;

@@ -1,18 +1,65 @@
 #include "core/base/types.h"
 
 #include <cstring>
+#include <initializer_list>
+#include <iterator>
 
 namespace harp {
 namespace {
-const char* kDtypeNames[kNumDataTypes] = {"int8",    "uint8",    "int32",   "uint32",
-                                          "int64",   "uint64",   "float16", "bfloat16",
-                                          "float32", "float64",  "bool"};
-const size_t kDtypeSizes[kNumDataTypes] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1};
-const char* kOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
-const char* kCollNames[kNumCollTypes] = {"allreduce", "broadcast",  "reduce", "allgather",
-                                         "reduce_scatter", "alltoall", "alltoallv", "gather",
-                                         "scatter", "barrier", "send", "recv",
-                                         "p2p_batch"};
+// Name and size tables indexed by enum value (vocab.def lists them in value order: checked below).
+const char* kDtypeNames[kNumDataTypes] = {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) #name,
+#include "core/base/vocab.def"
+};
+const size_t kDtypeSizes[kNumDataTypes] = {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
+#include "core/base/vocab.def"
+};
+const char* kOpNames[kNumReduceOps] = {
+#define HARP_REDOP(name, e, value, py, nccl, ncclv) #name,
+#include "core/base/vocab.def"
+};
+const char* kCollNames[kNumCollTypes] = {
+#define HARP_COLL(name, e, value) #name,
+#include "core/base/vocab.def"
+};
+struct Alias {
+  const char* alias;
+  const char* name;
+};
+const Alias kDtypeAliases[] = {
+#define HARP_DTYPE_ALIAS(alias, name) {#alias, #name},
+#include "core/base/vocab.def"
+};
+const Alias kOpAliases[] = {
+#define HARP_REDOP_ALIAS(alias, name) {#alias, #name},
+#include "core/base/vocab.def"
+};
+
+constexpr bool inOrder(std::initializer_list<int> values) {
+  int i = 0;
+  for (int v : values)
+    if (v != i++) return false;
+  return true;
+}
+static_assert(inOrder({
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) value,
+#include "core/base/vocab.def"
+              }), "vocab.def: HARP_DTYPE values must be 0, 1, 2, ... in order");
+static_assert(inOrder({
+#define HARP_REDOP(name, e, value, py, nccl, ncclv) value,
+#include "core/base/vocab.def"
+              }), "vocab.def: HARP_REDOP values must be 0, 1, 2, ... in order");
+static_assert(inOrder({
+#define HARP_COLL(name, e, value) value,
+#include "core/base/vocab.def"
+              }), "vocab.def: HARP_COLL values must be 0, 1, 2, ... in order");
+
+std::string unalias(const std::string& s, const Alias* begin, const Alias* end) {
+  for (const Alias* a = begin; a != end; ++a)
+    if (s == a->alias) return a->name;
+  return s;
+}
 
 template <size_t N>
 int lookup(const char* (&names)[N], const std::string& s) {
@@ -50,16 +97,13 @@ const char* collName(CollType c) {
 }
 
 DataType parseDtype(const std::string& s) {
-  int i = lookup(kDtypeNames, s);
-  if (s == "half") i = 6;
-  if (s == "float" ) i = 8;
-  if (s == "double") i = 9;
+  int i = lookup(kDtypeNames, unalias(s, std::begin(kDtypeAliases), std::end(kDtypeAliases)));
   if (i < 0) throw InvalidArgument("unknown datatype '" + s + "' (known: " + choices(kDtypeNames, kNumDataTypes) + ")");
   return static_cast<DataType>(i);
 }
 
 ReduceOp parseOp(const std::string& s) {
-  int i = lookup(kOpNames, s);
+  int i = lookup(kOpNames, unalias(s, std::begin(kOpAliases), std::end(kOpAliases)));
   if (i < 0) throw InvalidArgument("unknown reduction op '" + s + "' (known: " + choices(kOpNames, kNumReduceOps) + ")");
   return static_cast<ReduceOp>(i);
 }

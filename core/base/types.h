@@ -13,49 +13,38 @@
 
 namespace harp {
 
+// The enums below are generated from core/base/vocab.def, the one list of
+// HARP's vocabulary (python/harp/_types.py, bindings/nccl/nccl.h and
+// python/harp/nccl.py are checked against it at build time).
 enum class DataType : uint8_t {
-  kInt8 = 0,
-  kUint8 = 1,
-  kInt32 = 2,
-  kUint32 = 3,
-  kInt64 = 4,
-  kUint64 = 5,
-  kFloat16 = 6,
-  kBfloat16 = 7,
-  kFloat32 = 8,
-  kFloat64 = 9,
-  kBool = 10,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) e = value,
+#include "core/base/vocab.def"
 };
-constexpr int kNumDataTypes = 11;
+constexpr int kNumDataTypes = 0
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) +1
+#include "core/base/vocab.def"
+    ;
 
 enum class ReduceOp : uint8_t {
-  kSum = 0,
-  kProd = 1,
-  kMin = 2,
-  kMax = 3,
-  kAvg = 4,   // sum, then divide by the rank count (integer types: truncating division)
-  kBand = 5,  // bitwise; integer and bool types only
-  kBor = 6,
-  kBxor = 7,
+#define HARP_REDOP(name, e, value, py, nccl, ncclv) e = value,
+#include "core/base/vocab.def"
 };
-constexpr int kNumReduceOps = 8;
+constexpr int kNumReduceOps = 0
+#define HARP_REDOP(name, e, value, py, nccl, ncclv) +1
+#include "core/base/vocab.def"
+    ;
+// kAvg: sum, then divide by the rank count (integer types: truncating division).
+// kBand, kBor, kBxor: bitwise; integer and bool types only.
 
 enum class CollType : uint8_t {
-  kAllreduce = 0,
-  kBroadcast = 1,
-  kReduce = 2,
-  kAllgather = 3,
-  kReduceScatter = 4,
-  kAlltoall = 5,
-  kAlltoallv = 6,
-  kGather = 7,
-  kScatter = 8,
-  kBarrier = 9,
-  kSend = 10,
-  kRecv = 11,
-  kP2pBatch = 12,  // a group of sends and receives that progress together (CollArgs::p2p)
+#define HARP_COLL(name, e, value) e = value,
+#include "core/base/vocab.def"
 };
-constexpr int kNumCollTypes = 13;
+constexpr int kNumCollTypes = 0
+#define HARP_COLL(name, e, value) +1
+#include "core/base/vocab.def"
+    ;
+// kP2pBatch: a group of sends and receives that progress together (CollArgs::p2p).
 
 // Everything ranks must agree on for one collective, exactly (24 bytes; the
 // payload of the descriptor check).
@@ -85,14 +74,15 @@ void checkOpSupported(DataType dt, ReduceOp op);
 // error vocabulary (Python exception classes, ncclResult_t).
 class Error : public std::runtime_error {
  public:
+  // core/base/vocab.def: kInvalidArgument (bad input detected locally),
+  // kMismatch (ranks disagree about a collective: count, dtype, op, root,
+  // kind), kPeerFailure (a peer died, disconnected or aborted), kTimeout (a
+  // blocking wait ran past its deadline), kSystem (OS / library call failed),
+  // kUnavailable (transport or feature not available on this machine/build),
+  // kInternal (a HARP bug).
   enum Kind {
-    kInvalidArgument,  // bad input detected locally
-    kMismatch,         // ranks disagree about a collective (count, dtype, op, root, kind)
-    kPeerFailure,      // a peer died, disconnected or aborted
-    kTimeout,          // a blocking wait ran past its deadline
-    kSystem,           // OS / library call failed
-    kUnavailable,      // transport or feature not available on this machine/build
-    kInternal,
+#define HARP_ERROR(e, value, py, nccl) e = value,
+#include "core/base/vocab.def"
   };
   Error(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
   Kind kind() const { return kind_; }

@@ -1,6 +1,9 @@
 """Datatypes, reduction ops and collective codes shared with the C++ core.
 
-The integer values match core/base/types.h (part of the binding ABI).
+The one list is core/base/vocab.def (the C++ enums are built from it); the
+classes, ITEMSIZE, _NP_TO_DT, _OP_NAMES and parse_dtype's aliases below mirror it
+and scripts/check_vocab.py, run by the build, fails on any difference. The
+integer values are part of the binding ABI.
 """
 from __future__ import annotations
 

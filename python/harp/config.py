@@ -12,6 +12,9 @@
                               LD_LIBRARY_PATH to replace NCCL without a preload
     harp-config --nccl-include   directory holding HARP's nccl.h (for C users)
     harp-config --libdir      directory holding libharp.so and the transport modules
+    harp-config --params [--json]
+                              every HARP_* parameter: type, current value and where it came
+                              from (environment / default), scope and doc (core/base/params.def)
 
 Only --version works without the compiled library (it never imports harp._harp).
 """
@@ -22,6 +25,7 @@ import json
 import os
 import sys
 
+from . import _params
 from ._version import __version__
 
 
@@ -87,7 +91,10 @@ def main(argv=None):
     ap.add_argument("--install-libnccl", metavar="DIR", help="create DIR/libnccl.so.2 -> libharp-nccl.so")
     ap.add_argument("--nccl-include", action="store_true", help="print the directory of HARP's nccl.h")
     ap.add_argument("--libdir", action="store_true", help="print the directory holding HARP's libraries")
+    ap.add_argument("--params", action="store_true", help="list every HARP_* parameter: value, source, doc (--json too)")
     a = ap.parse_args(argv)
+    if a.params:
+        return _params.print_params(a.json)
     import harp
 
     libdir = os.path.dirname(os.path.abspath(harp.__file__))

@@ -30,6 +30,7 @@ except ImportError as e:  # built without DPDK or cffi
     ffi = lib = None
     _IMPORT_ERROR = e
 
+from . import _params
 from .errors import UnavailableError
 
 _eal_args = None
@@ -90,7 +91,7 @@ def hugepages() -> dict:
 def default_eal_args(huge: bool | None = None, mem_mb: int = 128) -> list[str]:
     """EAL arguments like the transport's: own --file-prefix, no telemetry, hugepages when
     usable (or HARP_DPDK_HUGE=1/0), plus HARP_DPDK_EAL_ARGS."""
-    mode = os.environ.get("HARP_DPDK_HUGE", "auto")
+    mode = _params.get("HARP_DPDK_HUGE")
     if huge is None:
         huge = {"1": True, "yes": True, "0": False, "no": False}.get(mode)
         if huge is None:
@@ -214,7 +215,7 @@ def report(spec: str | None = None) -> dict:
     or HARP_DPDK_PORT when it names an af_packet/af_xdp/vdev port)."""
     out = {"version": version(), "hugepages": hugepages()}
     out["eal_args"] = init()
-    spec = spec or os.environ.get("HARP_DPDK_PORT", "")
+    spec = spec or _params.get("HARP_DPDK_PORT")
     if spec and spec != "memif":
         out["port_spec"] = spec
         p = probe(spec)

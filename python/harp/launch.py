@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from . import _params
+
 
 def rank_env(base, uid_hex, rank, size):
     env = dict(base)
@@ -37,7 +39,7 @@ def spawn(nranks, cmd, env_extra=None, grace=5.0, quiet=False):
 
     # All ranks are on this host: the bootstrap (and so the TCP transport, which
     # listens where the bootstrap is reached) stays on loopback.
-    uid = get_unique_id(os.environ.get("HARP_LAUNCH_BIND", "127.0.0.1:0"))
+    uid = get_unique_id(_params.get("HARP_LAUNCH_BIND"))
     base = dict(os.environ)
     base.update(env_extra or {})
     if "MASTER_ADDR" not in base:  # torch's env:// rendezvous, as torchrun provides it
@@ -46,6 +48,8 @@ def spawn(nranks, cmd, env_extra=None, grace=5.0, quiet=False):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    _params.warn_unknown(base)  # once here; HARP_PARAMS_CHECKED tells the ranks not to repeat it
+    base["HARP_PARAMS_CHECKED"] = "1"
     procs = [subprocess.Popen(cmd, env=rank_env(base, uid.hex(), r, nranks)) for r in range(nranks)]
     status = 0
     failed_at = None

@@ -95,7 +95,7 @@ TEST(Timeouts, EnvironmentIsValidated) {
   for (const char* bad : {"0", "-1", "nan", "abc", "5s", "-inf"}) {
     setenv("HARP_TEST_TIMEOUT", bad, 1);
     try {
-      env::timeout("HARP_TEST_TIMEOUT", 1);
+      env::timeoutOr("HARP_TEST_TIMEOUT", 1);
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), Error::kInvalidArgument);
@@ -103,9 +103,9 @@ TEST(Timeouts, EnvironmentIsValidated) {
     }
   }
   setenv("HARP_TEST_TIMEOUT", "inf", 1);
-  EXPECT_TRUE(std::isinf(env::timeout("HARP_TEST_TIMEOUT", 1)));
+  EXPECT_TRUE(std::isinf(env::timeoutOr("HARP_TEST_TIMEOUT", 1)));
   setenv("HARP_TEST_TIMEOUT", "2.5", 1);
-  EXPECT_EQ(env::timeout("HARP_TEST_TIMEOUT", 1), 2.5);
+  EXPECT_EQ(env::timeoutOr("HARP_TEST_TIMEOUT", 1), 2.5);
   unsetenv("HARP_TEST_TIMEOUT");
-  EXPECT_EQ(env::timeout("HARP_TEST_TIMEOUT", 7), 7);
+  EXPECT_EQ(env::timeoutOr("HARP_TEST_TIMEOUT", 7), 7);
 }

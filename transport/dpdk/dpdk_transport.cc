@@ -98,11 +98,11 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   rng_ = FaultRng(fault_.seed);
   if (fault_.any()) HARP_WARN("dpdk: fault injection on received frames: %s", fault_.describe().c_str());
   ProtocolConfig pc;
-  pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW", 256));
-  pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS", 5.0) * 1e6);
+  pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW"));
+  pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS") * 1e6);
   pc.peer_timeout_ns = static_cast<uint64_t>(std::max(info.timeout_s, 1.0) * 1e9);
-  pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES", 8u << 20);
-  pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES", pc.eager_bytes);
+  pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES");
+  pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES");
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
   boot_id_ = readFirstLine("/proc/sys/kernel/random/boot_id");
   my_start_ = processStart(getpid());
@@ -157,7 +157,7 @@ std::string DpdkTransport::localAddress(int peer) {
     // (which learns our pid from this blob) connects as the client.
     int ppid = peer < static_cast<int>(peer_info_.size()) ? peer_info_[peer].pid : 0;
     if (ppid > getpid()) rt_->memifLink(ppid, info_.timeout_s);
-    payload = static_cast<uint32_t>(env::integer("HARP_DPDK_MTU", 9000)) - kHdrLen;
+    payload = static_cast<uint32_t>(env::integer("HARP_DPDK_MTU")) - kHdrLen;
   } else {
     Link* l = rt_->l2Link();
     mac = l->mac;
@@ -551,9 +551,9 @@ bool DpdkTransport::progress() {
 // then sleep in growing steps (bounded by HARP_DPDK_MAX_SLEEP_US), so ranks
 // that outnumber cores do not starve each other.
 void DpdkTransport::wait(int timeout_ms) {
-  static const uint64_t spin_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_SPIN_US", 20)) * 1000;
-  static const uint64_t yield_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_YIELD_US", 200)) * 1000;
-  static const uint64_t max_sleep_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_MAX_SLEEP_US", 500)) * 1000;
+  static const uint64_t spin_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_SPIN_US")) * 1000;
+  static const uint64_t yield_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_YIELD_US")) * 1000;
+  static const uint64_t max_sleep_ns = static_cast<uint64_t>(env::integer("HARP_DPDK_MAX_SLEEP_US")) * 1000;
   uint64_t now = Protocol::nowNs();
   if (idle_since_ns_ == 0) idle_since_ns_ = now;
   uint64_t idle = now - idle_since_ns_;

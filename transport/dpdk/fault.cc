@@ -12,7 +12,7 @@ namespace harp::dpdk {
 
 FaultConfig FaultConfig::fromEnv(int rank) {
   FaultConfig c;
-  c.drop = env::real("HARP_DPDK_DROP", 0);
+  c.drop = env::real("HARP_DPDK_DROP");
   std::string spec = env::str("HARP_DPDK_FAULT");
   std::stringstream ss(spec);
   std::string item;

@@ -321,10 +321,10 @@ Runtime::Runtime() {
 }
 
 void Runtime::initEal() {
-  port_spec_ = env::str("HARP_DPDK_PORT", "memif");
+  port_spec_ = env::str("HARP_DPDK_PORT");
   memif_mode_ = port_spec_ == "memif";
-  std::string huge = env::str("HARP_DPDK_HUGE", "auto");
-  long long mem_mb = env::integer("HARP_DPDK_MEM_MB", 256);
+  std::string huge = env::str("HARP_DPDK_HUGE");
+  long long mem_mb = env::integer("HARP_DPDK_MEM_MB");
   HugeStatus hs = hugepageStatus();
   uint64_t free_mb = hs.free * hs.page_kb / 1024;
   if (huge == "1" || huge == "yes" || huge == "on") {
@@ -419,7 +419,7 @@ void Runtime::setupPort(Link* l, uint16_t port, unsigned want_mtu) {
   if (info.max_mtu) mtu = std::min<unsigned>(mtu, info.max_mtu);
   if (info.max_rx_pktlen > kEthHdrLen) mtu = std::min<unsigned>(mtu, info.max_rx_pktlen - kEthHdrLen);
   mtu = std::max<unsigned>(mtu, 256);
-  unsigned mbufs = static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS", 8191));
+  unsigned mbufs = static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS"));
   if (!l->pool) l->pool = makePool("harp_l2_" + std::to_string(port), mbufs, std::max<unsigned>(mtu + kEthHdrLen, l->min_room));
 
   rte_eth_conf conf;
@@ -480,7 +480,7 @@ Link* Runtime::l2Link() {
   if (l2_) return l2_.get();
   auto l = std::make_unique<Link>();
   const std::string& s = port_spec_;
-  unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU", 9000));
+  unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU"));
   uint16_t port;
   auto needIface = [&](const std::string& iface) {
     if (iface.empty() || if_nametoindex(iface.c_str()) == 0)
@@ -540,13 +540,13 @@ Link* Runtime::memifLink(int peer_pid, double timeout_s) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = memif_.find(peer_pid);
   if (it != memif_.end()) return it->second.get();
-  unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU", 9000));
+  unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU"));
   if (!memif_pool_)
-    memif_pool_ = makePool("harp_memif", static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS", 8191)),
+    memif_pool_ = makePool("harp_memif", static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS")),
                            mtu + kEthHdrLen);
   int me = getpid();
   bool server = me < peer_pid;
-  std::string dir = env::str("HARP_DPDK_MEMIF_DIR", "/tmp");
+  std::string dir = env::str("HARP_DPDK_MEMIF_DIR");
   std::string sock = dir + "/harp-memif-" + std::to_string(std::min(me, peer_pid)) + "-" +
                      std::to_string(std::max(me, peer_pid)) + ".sock";
   if (server) {
@@ -578,9 +578,9 @@ Link* Runtime::loopbackLink() {
   if (!loop_) {
     loop_ = std::make_unique<Link>();
     loop_->name = "loopback (same process)";
-    unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU", 9000));
+    unsigned mtu = static_cast<unsigned>(env::integer("HARP_DPDK_MTU"));
     if (!memif_pool_ && !l2_)
-      memif_pool_ = makePool("harp_loop", static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS", 8191)),
+      memif_pool_ = makePool("harp_loop", static_cast<unsigned>(env::integer("HARP_DPDK_MBUFS")),
                              mtu + kEthHdrLen);
     loop_->pool = l2_ ? l2_->pool : memif_pool_;
     loop_->max_payload = (l2_ ? l2_->max_payload + kHdrLen : mtu) - kHdrLen;

@@ -71,7 +71,7 @@ void allreduceShm(Context& ctx) {
     HARP_INFO("allreduce shm: not every rank is on the shm transport of this host; using ring");
     return allreduceRing(ctx);
   }
-  static const size_t kDirect = env::bytes("HARP_SHM_DIRECT_BYTES", 16 << 10);
+  static const size_t kDirect = env::bytes("HARP_SHM_DIRECT_BYTES");
   // AVG reduces as SUM; the communicator divides once afterwards.
   const ReduceOp rop = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
   const size_t ce = t->collChunkBytes() / es;  // elements per chunk

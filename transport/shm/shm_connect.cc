@@ -182,25 +182,25 @@ ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   // 32 slots per ring up to 8 ranks per host, fewer beyond (memory grows with
   // the square of the local rank count); at least 8.
   const long def_slots = std::max(8, std::min(32, 256 / std::max(1, nlocal_)));
-  geo_.nslots = static_cast<uint32_t>(env::integer("HARP_SHM_SLOTS", def_slots));
-  geo_.slot_bytes = static_cast<uint32_t>(env::bytes("HARP_SHM_SLOT_BYTES", 16384));
+  geo_.nslots = static_cast<uint32_t>(env::integerOr("HARP_SHM_SLOTS", def_slots));
+  geo_.slot_bytes = static_cast<uint32_t>(env::bytes("HARP_SHM_SLOT_BYTES"));
   if (geo_.nslots < 2 || geo_.nslots > 65536)
     throw InvalidArgument("HARP_SHM_SLOTS=" + std::to_string(geo_.nslots) + " must be in 2..65536");
   if (geo_.slot_bytes < 256 || geo_.slot_bytes % kLine || geo_.slot_bytes > (64u << 20))
     throw InvalidArgument("HARP_SHM_SLOT_BYTES=" + std::to_string(geo_.slot_bytes) +
                           " must be a multiple of 64 between 256 and 64M");
-  size_t coll = env::bytes("HARP_SHM_COLL_BYTES", 256 << 10);
+  size_t coll = env::bytes("HARP_SHM_COLL_BYTES");
   geo_.coll_chunk = alignUp(coll, 4096);
-  cma_threshold_ = env::bytes("HARP_SHM_CMA_BYTES", 256 << 10);
-  cma_piece_ = env::bytes("HARP_SHM_CMA_PIECE", 4 << 20);
+  cma_threshold_ = env::bytes("HARP_SHM_CMA_BYTES");
+  cma_piece_ = env::bytes("HARP_SHM_CMA_PIECE");
   if (cma_piece_ == 0) cma_piece_ = 4 << 20;
   // More ranks here than cores to run them: spinning only delays the rank we
   // wait for (measured, 4 ranks bound 2 per core, 8-byte allreduce: 6.5 us
   // with 2 us of spinning per wait, 4.5 us with none). Yield at once instead.
   const bool oversubscribed = nlocal_ > env::availableCpus();
   inline_polls_ = oversubscribed ? 1 : 64;
-  spin_ns_ = static_cast<long>(env::real("HARP_SHM_SPIN_US", oversubscribed ? 0 : 2) * 1000);
-  yield_ns_ = static_cast<long>(env::real("HARP_SHM_YIELD_US", 1000) * 1000);
+  spin_ns_ = static_cast<long>(env::realOr("HARP_SHM_SPIN_US", oversubscribed ? 0 : 2) * 1000);
+  yield_ns_ = static_cast<long>(env::real("HARP_SHM_YIELD_US") * 1000);
 
   seg_ = createSegment(geo_, &seg_how_);
   SegHeader* h = seg_.header();
@@ -397,7 +397,7 @@ void ShmTransport::connectPeers(const std::vector<int>& peers, const std::vector
     if (!can)
       HARP_INFO("shm: cannot read the memory of %s with process_vm_readv (%s); large messages to it "
                 "go through the ring", rankName(p).c_str(), k < 0 ? std::strerror(err) : "wrong value");
-    if (!env::integer("HARP_SHM_CMA", 1)) can = 0;
+    if (!env::flag("HARP_SHM_CMA")) can = 0;
     sendWithFd(pr->sock_, &can, 1, -1, dl, rankName(p));
   }
   for (int p : peers) {

@@ -33,7 +33,7 @@ int reserve(int fd, size_t bytes) {
 }
 
 int openMemfd(size_t bytes, int* err) {
-  if (env::integer("HARP_SHM_NO_MEMFD", 0)) {  // testing knob: exercise the fallback
+  if (env::flag("HARP_SHM_NO_MEMFD")) {  // testing knob: exercise the fallback
     *err = ENOSYS;
     return -1;
   }

@@ -429,10 +429,10 @@ void TcpPair::sendControl(FrameKind kind, const std::string& text) {
 // ---------------------------------------------------------------------------
 TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& peers)
     : info_(info), peer_info_(peers) {
-  nsocks_ = static_cast<int>(env::integer("HARP_NSOCKS_PERPEER", 1));
+  nsocks_ = static_cast<int>(env::integer("HARP_NSOCKS_PERPEER"));
   if (nsocks_ < 1 || nsocks_ > 64) throw InvalidArgument("HARP_NSOCKS_PERPEER must be in 1..64");
-  stripe_min_ = env::bytes("HARP_SOCKET_STRIPE_MIN", 1 << 20);
-  chunk_ = env::bytes("HARP_SOCKET_CHUNK", 512 << 10);
+  stripe_min_ = env::bytes("HARP_SOCKET_STRIPE_MIN");
+  chunk_ = env::bytes("HARP_SOCKET_CHUNK");
   if (chunk_ == 0) throw InvalidArgument("HARP_SOCKET_CHUNK must be > 0");
   // Listen on the interface chosen by HARP_SOCKET_IFNAME, or the one that
   // reaches the bootstrap root (CommInfo::bind_hint).
@@ -489,7 +489,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
     for (auto& s : pr->socks_) {
       setNoDelay(s.fd);
       setNonBlocking(s.fd, true);
-      size_t buf = env::bytes("HARP_SOCKET_BUFSIZE", 0);
+      size_t buf = env::bytes("HARP_SOCKET_BUFSIZE");
       if (buf) {
         int b = static_cast<int>(buf);
         setsockopt(s.fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);

@@ -89,7 +89,7 @@ bool choosePort(ibv_context* ctx, const std::string& name, int want_port, Device
     out->active_mtu = pa.active_mtu;
     out->max_msg_sz = pa.max_msg_sz;
     // GID: explicit index, or the best RoCE v2 entry.
-    long long want_gid = env::integer("HARP_IB_GID_INDEX", -1);
+    long long want_gid = env::integer("HARP_IB_GID_INDEX");
     if (want_gid >= 0) {
       if (want_gid >= pa.gid_tbl_len) {
         *why = "HARP_IB_GID_INDEX=" + std::to_string(want_gid) + " is outside " + name + " port " +

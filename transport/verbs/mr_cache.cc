@@ -28,11 +28,11 @@ std::string memlockHint() {
 }  // namespace
 
 MrCache::MrCache(ibv_pd* pd) : pd_(pd) {
-  std::string mode = env::str("HARP_IB_MR_CACHE", "safe");
+  std::string mode = env::str("HARP_IB_MR_CACHE");
   if (mode != "safe" && mode != "lazy")
     throw InvalidArgument("HARP_IB_MR_CACHE='" + mode + "' (use 'safe' or 'lazy')");
   lazy_ = mode == "lazy";
-  long long m = env::integer("HARP_IB_MR_CACHE_MAX", 256);
+  long long m = env::integer("HARP_IB_MR_CACHE_MAX");
   max_entries_ = m < 1 ? 1 : static_cast<size_t>(m);
 }
 

@@ -44,16 +44,16 @@ VerbsTransport::VerbsTransport(const CommInfo& info, const std::vector<PeerInfo>
     : info_(info), peer_info_(peers) {
   std::string why;
   if (!probeDevice(&dev_, &why)) throw Error(Error::kUnavailable, "verbs: " + why);
-  rq_credits_ = clampInt(env::integer("HARP_IB_RQ_DEPTH", 64), 8, 4096);
+  rq_credits_ = clampInt(env::integer("HARP_IB_RQ_DEPTH"), 8, 4096);
   rq_reserve_ = 16;
-  sq_depth_ = clampInt(env::integer("HARP_IB_SQ_DEPTH", 64), 8, 4096);
-  max_chunk_ = env::bytes("HARP_IB_CHUNK", 1ull << 30);
-  eager_max_ = env::bytes("HARP_IB_EAGER", 16 << 10);
+  sq_depth_ = clampInt(env::integer("HARP_IB_SQ_DEPTH"), 8, 4096);
+  max_chunk_ = env::bytes("HARP_IB_CHUNK");
+  eager_max_ = env::bytes("HARP_IB_EAGER");
   if (eager_max_ > (1u << 20)) throw InvalidArgument("HARP_IB_EAGER: at most 1M");
-  eager_slots_ = clampInt(env::integer("HARP_IB_EAGER_SLOTS", 16), 1, 1024);
-  ka_ms_ = clampInt(env::integer("HARP_IB_KEEPALIVE_MS", 1000), 10, 600000);
-  qp_timeout_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_TIMEOUT", 16), 1, 31));
-  retry_cnt_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_RETRY_CNT", 6), 0, 7));
+  eager_slots_ = clampInt(env::integer("HARP_IB_EAGER_SLOTS"), 1, 1024);
+  ka_ms_ = clampInt(env::integer("HARP_IB_KEEPALIVE_MS"), 10, 600000);
+  qp_timeout_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_TIMEOUT"), 1, 31));
+  retry_cnt_ = static_cast<uint8_t>(clampInt(env::integer("HARP_IB_RETRY_CNT"), 0, 7));
 
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 
+from .. import _params
 from . import launchers
 from . import net
 from . import runner
@@ -40,7 +41,7 @@ def parser():
 
     ap.add_argument("--version", action="version", version=f"harp-cluster (harp {__version__})")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--name", default=os.environ.get("HARP_CLUSTER_NAME", "arena"),
+    common.add_argument("--name", default=_params.get("HARP_CLUSTER_NAME"),
                         help="cluster name (default arena, or $HARP_CLUSTER_NAME)")
     sub = ap.add_subparsers(dest="verb", required=True)
     _up_opts(sub.add_parser("up", parents=[common], help="create the emulated hosts"), True)
@@ -136,6 +137,7 @@ def cmd_run(a):
 
 def main(argv=None):
     a = parser().parse_args(argv)
+    _params.warn_unknown()  # misspelt HARP_* variables, once (core/base/params.def)
     if a.verb != "_reap":
         topo.check_name(a.name)
     if a.verb in ("up", "run", "down") and os.geteuid() != 0:

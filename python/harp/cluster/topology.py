@@ -16,7 +16,9 @@ import json
 import os
 import re
 
-STATE_DIR = os.environ.get("HARP_CLUSTER_STATE_DIR", "/run/harp-cluster")
+from .. import _params
+
+STATE_DIR = _params.get("HARP_CLUSTER_STATE_DIR")
 SLOTS = 32
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 

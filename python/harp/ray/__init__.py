@@ -29,12 +29,12 @@ every rank.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
 import harp
+from harp import _params
 from harp.errors import HarpError
 
 KEY_PREFIX = "harp_collective_uid_"
@@ -166,7 +166,7 @@ def _rendezvous(world_size, rank, group_name):
     import ray.experimental.internal_kv as kv
 
     key = KEY_PREFIX + group_name
-    wait_s = float(os.environ.get("HARP_TIMEOUT", "300"))
+    wait_s = float(_params.get("HARP_TIMEOUT"))
     if rank == 0:
         uid = harp.get_unique_id(f"{ray.util.get_node_ip_address()}:0")
         kv._internal_kv_put(key, uid.hex(), overwrite=True)

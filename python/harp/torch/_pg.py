@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.futures import Future
 from torch._C import _distributed_c10d as _c10d
 
-from .. import _harp
+from .. import _harp, _params
 from .._types import MAX_TAG, Coll, DataType, ReduceOp
 from .._types import is_int as _is_int
 from ..comm import Communicator
@@ -85,7 +85,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if self._up is not None:
             self._done[id(self._up)] = Completer(f"{self._name}-up")
             self._done[id(self._down)] = Completer(f"{self._name}-down")
-        self._anysource = os.environ.get("HARP_TORCH_ANYSOURCE", "1") != "0"
+        self._anysource = _params.get("HARP_TORCH_ANYSOURCE") != "0"
         self._recvd = {}       # (src, tag) -> messages received from src with tag (for any-source matching)
         self._mb_seq = 0
         # Other devices' backends for mixed specs ("cpu:harp,cuda:nccl"): device type -> c10d Backend

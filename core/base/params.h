@@ -1,0 +1,69 @@
+// core/base/params.h — the registry of HARP_* environment variables.
+//
+// Every variable HARP reads is declared once in core/base/params.def: name,
+// type, default, scope and one line of doc (NCCL_PARAM / ompi_info style).
+// Code reads values through core/base/env.h, which looks the name up here,
+// takes the default from the declaration and throws Error(kInternal) for a
+// name that is not declared, so a misspelt read fails the first test that
+// reaches it. `harp-config --params` lists the same table (python/harp/_params.py
+// parses params.def).
+//
+//   const params::Param* p = params::find("HARP_TIMEOUT");   // nullptr: undeclared
+//   params::warnUnknownEnvironment();   // once per process, at communicator creation
+//
+// The table is constant data (no static constructors): usable from any thread
+// and during static initialisation. warnUnknownEnvironment() is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace harp::params {
+
+enum class Type : uint8_t { kInt, kReal, kSeconds, kBytes, kString, kBool, kEnum };
+enum class Scope : uint8_t { kLibrary, kLauncher, kBench, kTest, kBuild };
+
+struct Param {
+  const char* name;
+  Type type;
+  const char* def;      // default as text; "" none/empty; "auto": computed by the reader
+  const char* choices;  // Enum only: "A|B|C"
+  Scope scope;
+  const char* doc;
+};
+
+// All declared parameters, in params.def order.
+const Param* begin();
+const Param* end();
+size_t count();
+
+// The declaration of `name`, or nullptr.
+const Param* find(std::string_view name);
+// The declaration of `name`; throws Error(kInternal) when it is not declared
+// ("HARP_X is read but not declared in core/base/params.def") or, unless
+// `type` is kString (text access to any parameter), when it is declared with
+// another type.
+const Param& require(const char* name, Type type);
+
+const char* typeName(Type t);
+const char* scopeName(Scope s);
+
+// Levenshtein distance, and the declared name closest to `name` (ties: the first declared).
+size_t editDistance(std::string_view a, std::string_view b);
+std::string nearest(std::string_view name);
+
+// Each HARP_* variable of `envp` (nullptr: this process's environment) that
+// is not declared, with the declared name nearest to it, in environment order.
+std::vector<std::pair<std::string, std::string>> unknownVariables(char** envp = nullptr);
+// "HARP_TRANSPRT is not a HARP parameter (did you mean HARP_TRANSPORT?)"
+std::string unknownMessage(const std::string& name, const std::string& nearest);
+// Logs one warning (HARP_WARN) per unknown HARP_* variable, the first time it
+// is called in a process; a no-op afterwards and when HARP_PARAMS_CHECKED=1
+// (harp-run warned already and tells its ranks so).
+void warnUnknownEnvironment();
+
+}  // namespace harp::params

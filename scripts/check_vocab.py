@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Check HARP's vocabulary mirrors against core/base/vocab.def (the one list).
+
+    python3 scripts/check_vocab.py [--root DIR] [--stamp FILE]
+
+C++ builds its enums and name tables from vocab.def directly; the files that
+cannot include it are checked here, and the build runs this script (CMake
+target harp_vocab_check), so a mismatch fails the build with a line naming
+the file, the entry and both values:
+
+  python/harp/_types.py   DataType, ReduceOp, Coll values; ITEMSIZE; numpy
+                          dtypes (_NP_TO_DT); op and dtype aliases
+  python/harp/errors.py   an exception class per error kind
+  bindings/python_module.cc   error kind -> Python exception (translate's names[])
+  bindings/nccl/nccl.h    ncclDataType_t, ncclRedOp_t, ncclResult_t values
+  python/harp/nccl.py     NCCL_* constants
+  bindings/nccl/nccl_common.cc, nccl_coll.cc  NCCL <-> HARP switches
+  and vocab.def's NCCL values against NCCL's public ABI (held below).
+
+Exit status 0 when everything agrees, 1 otherwise (each mismatch on stderr).
+Standard library only. tests/test_vocab.py changes one mirror in a copy and
+expects the named mismatch.
+"""
+import argparse
+import ast
+import os
+import re
+import sys
+
+# NCCL's public ABI (nccl.h 2.21): not HARP's to change.
+NCCL_ABI = {
+    "ncclDataType_t": {"ncclInt8": 0, "ncclChar": 0, "ncclUint8": 1, "ncclInt32": 2, "ncclInt": 2, "ncclUint32": 3,
+                       "ncclInt64": 4, "ncclUint64": 5, "ncclFloat16": 6, "ncclHalf": 6, "ncclFloat32": 7,
+                       "ncclFloat": 7, "ncclFloat64": 8, "ncclDouble": 8, "ncclBfloat16": 9, "ncclNumTypes": 10},
+    "ncclRedOp_t": {"ncclSum": 0, "ncclProd": 1, "ncclMax": 2, "ncclMin": 3, "ncclAvg": 4, "ncclNumOps": 5},
+    "ncclResult_t": {"ncclSuccess": 0, "ncclUnhandledCudaError": 1, "ncclSystemError": 2, "ncclInternalError": 3,
+                     "ncclInvalidArgument": 4, "ncclInvalidUsage": 5, "ncclRemoteError": 6, "ncclInProgress": 7,
+                     "ncclNumResults": 8},
+}
+
+
+class Vocab:
+    def __init__(self, text):
+        self.rows = {}
+        for n, line in enumerate(text.splitlines(), 1):
+            m = re.match(r"^(HARP_[A-Z_]+)\((.*)\)\s*$", line)
+            if m:
+                self.rows.setdefault(m.group(1), []).append([x.strip() for x in m.group(2).split(",")])
+        d = self.rows
+        self.dtypes = [(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5], int(r[6])) for r in d.get("HARP_DTYPE", [])]
+        self.dtype_alias = dict(d.get("HARP_DTYPE_ALIAS", []))
+        self.nccl_dtype_alias = dict(d.get("HARP_NCCL_DTYPE_ALIAS", []))
+        self.ops = [(r[0], r[1], int(r[2]), r[3], r[4], int(r[5])) for r in d.get("HARP_REDOP", [])]
+        self.op_alias = dict(d.get("HARP_REDOP_ALIAS", []))
+        self.colls = [(r[0], r[1], int(r[2])) for r in d.get("HARP_COLL", [])]
+        self.errors = [(r[0], int(r[1]), r[2], r[3]) for r in d.get("HARP_ERROR", [])]
+        self.results = {r[0]: int(r[1]) for r in d.get("HARP_NCCL_RESULT", [])}
+        self.counts = {r[0]: int(r[1]) for r in d.get("HARP_NCCL_COUNT", [])}
+
+    def nccl_dtypes(self):
+        """{NCCL enumerator: value}, aliases and the count included."""
+        out = {nc: v for (_, _, _, _, _, nc, v) in self.dtypes if nc != "none"}
+        out.update({a: out.get(t, -1) for a, t in self.nccl_dtype_alias.items()})
+        out["ncclNumTypes"] = self.counts.get("ncclNumTypes", -1)
+        return out
+
+    def nccl_ops(self):
+        out = {nc: v for (_, _, _, _, nc, v) in self.ops if nc != "none"}
+        out["ncclNumOps"] = self.counts.get("ncclNumOps", -1)
+        return out
+
+    def nccl_results(self):
+        return dict(self.results, ncclNumResults=self.counts.get("ncclNumResults", -1))
+
+
+class Checker:
+    def __init__(self, root):
+        self.root = root
+        self.errors = []
+
+    def read(self, rel):
+        with open(os.path.join(self.root, rel)) as f:
+            return f.read()
+
+    def fail(self, where, msg):
+        self.errors.append(f"{where}: {msg}")
+
+    def same(self, where, what, got, want):
+        """Compare {name: value} maps; one message per missing, extra or different entry."""
+        for k in sorted(set(got) | set(want), key=str):
+            if k not in got:
+                self.fail(where, f"{what} {k} is missing (vocab.def: {want[k]})")
+            elif k not in want:
+                self.fail(where, f"{what} {k} = {got[k]} is not in core/base/vocab.def")
+            elif got[k] != want[k]:
+                self.fail(where, f"{what} {k} = {got[k]}, core/base/vocab.def says {want[k]}")
+
+
+def check_def(c, v):
+    where = "core/base/vocab.def"
+    for kind, rows, idx in (("HARP_DTYPE", v.dtypes, 2), ("HARP_REDOP", v.ops, 2), ("HARP_COLL", v.colls, 2),
+                            ("HARP_ERROR", v.errors, 1)):
+        if not rows:
+            c.fail(where, f"no {kind} lines")
+        for i, r in enumerate(rows):
+            if r[idx] != i:
+                c.fail(where, f"{kind}({r[0]}) has value {r[idx]}; values must be 0, 1, 2, ... in order")
+    names = {r[0] for r in v.dtypes}
+    for a, t in v.dtype_alias.items():
+        if t not in names:
+            c.fail(where, f"HARP_DTYPE_ALIAS({a}, {t}): no datatype {t}")
+    for a, t in v.op_alias.items():
+        if t not in {r[0] for r in v.ops}:
+            c.fail(where, f"HARP_REDOP_ALIAS({a}, {t}): no op {t}")
+    c.same(where + " (against NCCL's ABI)", "ncclDataType_t", v.nccl_dtypes(), NCCL_ABI["ncclDataType_t"])
+    c.same(where + " (against NCCL's ABI)", "ncclRedOp_t", v.nccl_ops(), NCCL_ABI["ncclRedOp_t"])
+    c.same(where + " (against NCCL's ABI)", "ncclResult_t", v.nccl_results(), NCCL_ABI["ncclResult_t"])
+
+
+def _class_values(tree, name):
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return {t.targets[0].id: ast.literal_eval(t.value) for t in node.body
+                    if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)}
+    return None
+
+
+def _module_dict(tree, name):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+    return None
+
+
+def _attr(node):
+    """'X' for np.X / DataType.X / ReduceOp.X; the call's inner attribute for np.dtype(np.X)."""
+    if isinstance(node, ast.Call) and node.args:
+        node = node.args[0]
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def check_types_py(c, v):
+    rel = "python/harp/_types.py"
+    tree = ast.parse(c.read(rel))
+    for cls, want in (("DataType", {r[0]: r[2] for r in v.dtypes}), ("ReduceOp", {r[3]: r[2] for r in v.ops}),
+                      ("Coll", {r[0]: r[2] for r in v.colls})):
+        got = _class_values(tree, cls)
+        if got is None:
+            c.fail(rel, f"no class {cls}")
+        else:
+            c.same(rel, cls, got, want)
+    sizes = _module_dict(tree, "ITEMSIZE")
+    if sizes is None:
+        c.fail(rel, "no ITEMSIZE")
+    else:
+        c.same(rel, "ITEMSIZE", {_attr(k): ast.literal_eval(val) for k, val in zip(sizes.keys, sizes.values)},
+               {r[0]: r[3] for r in v.dtypes})
+    np_map = _module_dict(tree, "_NP_TO_DT")
+    if np_map is None:
+        c.fail(rel, "no _NP_TO_DT")
+    else:  # every numpy dtype of numpy itself (bfloat16 comes from ml_dtypes, handled by name)
+        c.same(rel, "_NP_TO_DT numpy dtype", {_attr(k): _attr(val) for k, val in zip(np_map.keys, np_map.values)},
+               {r[4]: r[0] for r in v.dtypes if r[4] != "bfloat16"})
+    ops = _module_dict(tree, "_OP_NAMES")
+    py_of = {r[3]: r[0] for r in v.ops}
+    if ops is None:
+        c.fail(rel, "no _OP_NAMES")
+    else:
+        c.same(rel, "_OP_NAMES", {ast.literal_eval(k): py_of.get(_attr(val), _attr(val))
+                                  for k, val in zip(ops.keys, ops.values)},
+               dict({r[0]: r[0] for r in v.ops}, **v.op_alias))
+    aliases = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "parse_dtype":
+            aliases = next((d for d in ast.walk(node) if isinstance(d, ast.Dict)), None)
+    if aliases is None:
+        c.fail(rel, "parse_dtype has no alias dict")
+    else:
+        c.same(rel, "parse_dtype alias", ast.literal_eval(aliases), v.dtype_alias)
+
+
+def check_errors(c, v):
+    rel = "python/harp/errors.py"
+    classes = {n.name for n in ast.parse(c.read(rel)).body if isinstance(n, ast.ClassDef)}
+    for kind, _, py, _ in v.errors:
+        if py not in classes:
+            c.fail(rel, f"no class {py} (vocab.def: HARP_ERROR({kind}, ...))")
+    rel = "bindings/python_module.cc"
+    m = re.search(r"void translate\(const Error& e\)\s*\{\s*static const char\* names\[\]\s*=\s*\{([^}]*)\}", c.read(rel))
+    if not m:
+        c.fail(rel, "translate(): no names[] table of Python exception classes")
+        return
+    got = re.findall(r'"(\w+)"', m.group(1))
+    c.same(rel, "translate() names[] Error kind", dict(enumerate(got)), {r[1]: r[2] for r in v.errors})
+
+
+def _enum_body(text, name):
+    m = re.search(r"typedef enum\s*\{([^}]*)\}\s*" + name + r"\s*;", text)
+    return m.group(1) if m else None
+
+
+def check_nccl_h(c, v):
+    rel = "bindings/nccl/nccl.h"
+    text = c.read(rel)
+    for name, want in (("ncclDataType_t", v.nccl_dtypes()), ("ncclRedOp_t", v.nccl_ops()),
+                       ("ncclResult_t", v.nccl_results())):
+        body = _enum_body(text, name)
+        if body is None:
+            c.fail(rel, f"no typedef enum {{...}} {name}")
+            continue
+        got = {k: int(val) for k, val in re.findall(r"\b(nccl\w+)\s*=\s*(-?\d+)\s*(?:,|$)", body)}
+        c.same(rel, name, got, want)
+
+
+def _py_name(nccl):
+    return "NCCL_" + re.sub(r"(?<!^)(?=[A-Z])", "_", nccl[len("nccl"):]).upper()
+
+
+def check_nccl_py(c, v):
+    rel = "python/harp/nccl.py"
+    tree = ast.parse(c.read(rel))
+    got = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id.startswith("NCCL_"):
+                    got[t.id] = node.value.value
+    want = {}
+    for table in (v.nccl_dtypes(), v.nccl_ops(), v.nccl_results()):
+        want.update({_py_name(k): val for k, val in table.items() if not k.startswith("ncclNum")})
+    c.same(rel, "constant", {k: val for k, val in got.items() if k in want or k.startswith(
+        ("NCCL_INT", "NCCL_UINT", "NCCL_FLOAT", "NCCL_BFLOAT", "NCCL_HALF", "NCCL_DOUBLE", "NCCL_CHAR"))}, want)
+
+
+def _switch(text, func):
+    m = re.search(func + r"\([^)]*\)\s*\{(.*?)\n\}", text, re.S)
+    return m.group(1) if m else None
+
+
+def check_nccl_switches(c, v):
+    rel = "bindings/nccl/nccl_common.cc"
+    text = c.read(rel)
+    body = _switch(text, r"DataType toDtype")
+    if body is None:
+        c.fail(rel, "no toDtype()")
+    else:
+        got = dict(re.findall(r"case (nccl\w+): return DataType::(k\w+);", body))
+        c.same(rel, "toDtype case", got, {r[5]: r[1] for r in v.dtypes if r[5] != "none"})
+    body = _switch(text, r"ncclResult_t resultOf")
+    if body is None:
+        c.fail(rel, "no resultOf()")
+    else:
+        for kind, _, _, nccl in v.errors:
+            m = re.search(r"case Error::" + kind + r":(.*?)(?=case |default:|$)", body, re.S)
+            if kind != "kInternal" and not m:
+                c.fail(rel, f"resultOf: no case Error::{kind}")
+            elif m and nccl not in m.group(1):
+                c.fail(rel, f"resultOf: Error::{kind} does not return {nccl} (vocab.def)")
+            elif not m and "default: return " + nccl not in body:
+                c.fail(rel, f"resultOf: Error::{kind} does not return {nccl} (vocab.def)")
+    rel = "bindings/nccl/nccl_coll.cc"
+    body = _switch(c.read(rel), r"ReduceOp toOp")
+    if body is None:
+        c.fail(rel, "no toOp()")
+    else:
+        got = dict(re.findall(r"case (nccl\w+): return ReduceOp::(k\w+);", body))
+        c.same(rel, "toOp case", got, {r[4]: r[1] for r in v.ops if r[4] != "none"})
+
+
+def check(root):
+    c = Checker(root)
+    v = Vocab(c.read("core/base/vocab.def"))
+    for step in (check_def, check_types_py, check_errors, check_nccl_h, check_nccl_py, check_nccl_switches):
+        try:
+            step(c, v)
+        except (OSError, SyntaxError, ValueError) as e:
+            c.fail(step.__name__, f"cannot check: {e}")
+    return c.errors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--stamp", help="touch this file when everything agrees (for the build)")
+    a = ap.parse_args(argv)
+    errors = check(a.root)
+    for e in errors:
+        print(f"check_vocab: {e}", file=sys.stderr)
+    if errors:
+        print(f"check_vocab: {len(errors)} mismatch(es) with core/base/vocab.def", file=sys.stderr)
+        return 1
+    if a.stamp:
+        with open(a.stamp, "w") as f:
+            f.write("ok\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
