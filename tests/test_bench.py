@@ -211,6 +211,8 @@ class _WrongLib:
 
         out = send if in_place else recv
         exp = check.expected(coll, self.size, self.rank, out.dtype, ns, nr, op, root)
+        if exp is None:  # reduce on a non-root rank: no output to produce
+            return out
         out[: exp.size] = exp
         if ("ip" if in_place else "oop") == self.form:
             out[exp.size - 1] += 1
@@ -268,3 +270,52 @@ def test_json_is_stamped_and_plot_draws_one_line_per_library(tmp_path):
     pts = plot.series("allreduce", res["harp"])
     assert [p[0] for p in pts] == [8, 64, 512, 4096, 32768] and all(p[1] > 0 for p in pts)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+
+
+def test_veth_mode_checks_dpdk_tcp_and_gloo_on_every_rank(tmp_path):
+    """harp-bench --veth (was bench/dpdk_veth.py): two namespaces, HARP over DPDK and over TCP on the
+    same veth, and gloo; both forms checked for HARP, gloo's form checked, all in the JSON."""
+    sys.path.insert(0, HERE)
+    import dpdk_env
+
+    if os.geteuid() != 0 or dpdk_env.dpdk_unavailable():
+        pytest.skip("needs root and the dpdk transport: " + (dpdk_env.dpdk_unavailable() or "not root"))
+    pytest.importorskip("torch")
+    js = tmp_path / "v.json"
+    out = bench("allreduce", "--veth", "--compare", "gloo", "-b", "8", "-e", "4K", "-f", "512", "-n", "2", "-w", "1",
+                "--rounds", "1", "--json", str(js), timeout=900)
+    assert "harp-dpdk_us" in out and "xharp-tcp" in out and "xgloo" in out
+    res = json.loads(js.read_text())["results"]
+    for lib, tp in (("harp-dpdk", "dpdk"), ("harp-tcp", "tcp")):
+        assert [r["size"] for r in res[lib]["rows"]] == [8, 4096]
+        for r in res[lib]["rows"]:
+            assert r["transport"] == tp and r["oop_wrong"] == 0 and r["ip_wrong"] == 0, r
+    assert all(r["ip_wrong"] == 0 for r in res["gloo"]["rows"])
+
+
+@pytest.mark.parametrize("mode", ["interleave", "torch-overhead"])
+def test_interleaved_modes_check_every_library_in_the_same_ranks(mode, tmp_path):
+    """--compare gloo,mpi --interleave (was bench/shm_compare.py) and --torch-overhead (was
+    bench/torch_overhead.py): every library in the same rank processes, each result checked."""
+    pytest.importorskip("torch")
+    if mode == "interleave":
+        pytest.importorskip("mpi4py")
+        if not shutil.which("mpirun"):
+            pytest.skip("Open MPI (mpirun) is not installed")
+        flags, libs = ["--compare", "gloo,mpi", "--interleave", "3"], ["harp", "gloo", "mpi"]
+    else:
+        flags, libs = ["--torch-overhead", "--rounds", "2"], ["harp", "gloo", "torch+harp"]
+    js = tmp_path / "i.json"
+    out = bench("allreduce", "-np", "3", "-b", "8", "-e", "64K", "-f", "64", "-n", "3", "-w", "1", *flags, "--json",
+                str(js), timeout=900)
+    assert "# Comparison, allreduce, 3 ranks" in out
+    res = json.loads(js.read_text())["results"]
+    assert sorted(res) == sorted(libs)
+    for lib in libs:
+        rows = res[lib]["rows"]
+        assert [r["size"] for r in rows] == [8, 512, 32768]
+        for r in rows:
+            assert r["ip_us"] > 0 and r["ip_wrong"] == 0, (lib, r)
+            if lib in ("harp", "mpi"):
+                assert r["oop_wrong"] == 0, (lib, r)  # out-of-place checked too where the library has it
+            assert r["turns"] == (3 if mode == "interleave" else 3 * 2)

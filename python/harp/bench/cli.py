@@ -71,11 +71,20 @@ def parse(argv):
     ap.add_argument("--interleave", type=int, metavar="REPS", default=0,
                     help="run harp and the --compare peers in the same rank processes, taking turns in batches, "
                          "REPS turns per size, median turn of the slowest rank (bench/shm_compare.py's method)")
+    ap.add_argument("--mpi-bind", choices=["none", "core"], default="none",
+                    help="placement of mpirun's ranks (peer mpi, --interleave with mpi): none (default) or core "
+                         "(--map-by core --bind-to core:overload-allowed: rank i on core i mod cores)")
     ap.add_argument("--max-iters", type=int, default=200, help="--interleave: most calls per batch (default 200)")
     ap.add_argument("--torch-overhead", action="store_true",
                     help="harp, torch+harp and torch+gloo in the same ranks, interleaved call by call, "
                          "-n x --rounds calls per size, median call averaged over ranks (bench/torch_overhead.py)")
-    ap.add_argument("--rounds", type=int, default=5, help="--torch-overhead: rounds of -n calls (default 5)")
+    ap.add_argument("--rounds", type=int, help="--torch-overhead: rounds of -n calls (default 5); "
+                                                  "--veth: interleaved rounds, best time kept (default 2)")
+    ap.add_argument("--veth", action="store_true",
+                    help="HARP over DPDK vs HARP over TCP (and --compare gloo) on a veth between network "
+                         "namespaces, one rank each (root, dpdk build, source checkout; was bench/dpdk_veth.py)")
+    ap.add_argument("--pmd", default="af_xdp", help="--veth: DPDK driver on the veth (af_xdp, af_packet)")
+    ap.add_argument("--mtu", type=int, default=1500, help="--veth: data veth MTU (default 1500)")
     ap.add_argument("--json", help="write all results as JSON to this file (stamped: commit, host, load, time)")
     ap.add_argument("--plot", help="draw busbw against size, one line per library, into this PNG (matplotlib)")
     ap.add_argument("--csv", action="store_true", help="print CSV instead of the nccl-tests table")
@@ -95,6 +104,10 @@ def parse(argv):
             ap.error(f"--compare: unknown peer '{x}' (gloo, mpi, torch)")
     if a.torch_overhead:
         a.compare = ["torch+harp", "gloo"]
+    if a.rounds is None:
+        a.rounds = 2 if a.veth else 5
+    if a.veth and (a.interleave or a.torch_overhead or set(a.compare) - {"gloo"}):
+        ap.error("--veth runs harp-dpdk, harp-tcp and (with --compare gloo) gloo; no other mode or peer")
     return a
 
 
@@ -171,6 +184,10 @@ def run_torch(a, tmp, lib):
     return _collect(a, lib, out, max(rcs, key=abs), f"ranks {rcs}")
 
 
+def _mpi_bind(a):
+    return ["--map-by", "core", "--bind-to", "core:overload-allowed"] if a.mpi_bind == "core" else ["--bind-to", "none"]
+
+
 def run_mpi(a, tmp):
     mpirun = shutil.which("mpirun")
     try:
@@ -184,7 +201,7 @@ def run_mpi(a, tmp):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     for k in [k for k in env if k.startswith(("HARP_RANK", "HARP_UNIQUE", "RANK", "WORLD_SIZE"))]:
         del env[k]
-    cmd = [mpirun, "-np", str(a.nranks), "--oversubscribe", "--bind-to", "none"]
+    cmd = [mpirun, "-np", str(a.nranks), "--oversubscribe"] + _mpi_bind(a)
     # e.g. HARP_BENCH_MPI_MCA="btl=tcp,self" to hold Open MPI to TCP (';' separates several).
     mca = os.environ.get("HARP_BENCH_MPI_MCA", "")
     for item in [x for x in mca.split(";") if x]:
@@ -219,16 +236,17 @@ def print_table(a, res, label, scope="summed over ranks"):
 def print_compare(a, results):
     """Side by side: time and busbw per library; ratio = peer time / HARP time (> 1: HARP faster).
     Compared on the form each peer supports (gloo: in-place for allreduce/broadcast/reduce)."""
-    harp = results["harp"]
+    base = next(k for k in results if results[k])  # harp (harp-dpdk with --veth)
+    harp = results[base]
     n = harp["nranks"]
-    peers = [k for k in results if k != "harp" and results[k]]
+    peers = [k for k in results if k != base and results[k]]
     if not peers:
         return
-    head = f"# {'size':>10s} {'harp_us':>10s} {'harp_GB/s':>9s}"
+    head = f"# {'size':>10s} {base + '_us':>10s} {base + '_GB/s':>9s}"
     for p in peers:
         head += f" {p + '_us':>10s} {p + '_GB/s':>9s} {'x' + p:>7s}"
     print(f"# Comparison, {a.collective}, {n} ranks, {sweep.TYPES[a.datatype]} {a.op}: time per call (us), busbw,"
-          f" and speed-up x = peer time / HARP time")
+          f" and speed-up x = peer time / {base} time")
     print(head)
     for i, hr in enumerate(harp["rows"]):
         line = ""
@@ -264,8 +282,10 @@ def run_interleaved(a, tmp):
         uid = get_unique_id("127.0.0.1:0")  # served from here while mpirun runs
         env.update(HARP_UNIQUE_ID=uid.hex(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         base = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_RANK", "RANK", "WORLD_SIZE"))}
-        rc = subprocess.call([shutil.which("mpirun") or "mpirun", "-np", str(a.nranks), "--oversubscribe",
-                              "--bind-to", "none"] + cmd, env=dict(base, **env))
+        if not shutil.which("mpirun"):
+            return {}, ["--interleave with mpi: mpirun is not installed (bash scripts/install-deps.sh --compare)"]
+        rc = subprocess.call([shutil.which("mpirun"), "-np", str(a.nranks), "--oversubscribe"] + _mpi_bind(a) + cmd,
+                             env=dict(base, **env))
     else:
         rc = spawn(a.nranks, cmd, env)
     if rc != 0:
@@ -277,6 +297,18 @@ def run_interleaved(a, tmp):
     for lib, res in results.items():
         print_table(a, res, lib)
     return results, []
+
+
+def run_veth(a, tmp):
+    from . import veth
+
+    results, failed, pps = veth.run(a, tmp, worker_args)
+    for lib, res in results.items():
+        print_table(a, res, lib)
+    print(f"# Packet rate (harp_dpdk_selftest --bench SIZE, {a.pmd}; rank 0 sender / rank 1 receiver):")
+    for line in pps:
+        print(f"#   {line}")
+    return results, failed
 
 
 def run_under_launcher(a, argv):
@@ -333,8 +365,11 @@ def main(argv=None):
     if _under_launcher():
         sys.exit(run_under_launcher(a, argv))
     with tempfile.TemporaryDirectory(prefix="harp-bench-") as tmp:
-        results, failed = (run_interleaved if a.interleave or a.torch_overhead else run_all)(a, tmp)
-    if a.compare and results.get("harp"):
+        if a.veth:
+            results, failed = run_veth(a, tmp)
+        else:
+            results, failed = (run_interleaved if a.interleave or a.torch_overhead else run_all)(a, tmp)
+    if len([r for r in results.values() if r]) > 1:
         print_compare(a, results)
     if a.json:
         write_json(a, argv, results)
