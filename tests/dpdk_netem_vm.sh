@@ -12,7 +12,8 @@
 # on PATH (the same harp install the host tests use); `--no-rdma` skips the
 # Soft-RoCE setup. Network traffic stays inside namespaces in the guest. Needs
 # qemu-system-x86, busybox-static, kmod and linux-image-amd64
-# (scripts/deps/dpdk.apt). Exit status: pytest's (rxevm.py's own: 2 when the
+# (scripts/deps/dpdk.apt). The caller's environment goes into the guest (PYTHONPATH=$PWD/python
+# for a source-tree build). Exit status: pytest's (rxevm.py's own: 2 when the
 # guest cannot start here, 3 when it did not finish).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -4,6 +4,10 @@ with gloo (torch.distributed) and Open MPI (mpi4py) in the same run.
     harp-bench allreduce                         # 2 local ranks, 8 B .. 64 MB, float sum
     harp-bench allreduce -np 4 -b 8 -e 64M -f 4 --compare gloo,mpi
     harp-bench broadcast -np 3 -r 1 -d double --json out.json
+    harp-bench allreduce -np 4 --compare gloo,mpi --interleave 5 --mpi-bind core   # all in the same ranks
+    harp-bench allreduce -np 2 --torch-overhead          # raw harp vs torch+harp vs torch+gloo, call by call
+    sudo harp-bench allreduce --veth --compare gloo      # DPDK vs TCP on a veth between namespaces
+    harp-bench allreduce --compare gloo,mpi,torch --plot busbw.png --json out.json
 
 Flags follow nccl-tests: -b/-e/-f/-i sizes, -n iterations, -w warmup, -c check,
 -d datatype, -o op, -r root. `-n` keeps its nccl-tests meaning (iterations), so
