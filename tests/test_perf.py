@@ -16,7 +16,8 @@ its result is still checked (quick mode; no timing is asserted anywhere).
 How two ranks share one benchmark: this pytest process is rank 0; rank 1 is a
 helper process (tests/perf_helper.py) that waits for a command broadcast by rank 0 —
 (collective, count, calls) — then makes exactly `calls` matching calls, checks
-its own results, and both ranks sum their wrong-value counts with an allreduce.
+its own results with numpy and writes its wrong-value count to a file that rank 0
+reads after a barrier (never through the library measured); rank 0 checks its own.
 `calls` is known up front because the benchmarks run in pedantic mode (fixed
 rounds x iterations, so a known upper bound; rank 0 pads with untimed calls up to
 it; one call when benchmarking is disabled).
@@ -44,14 +45,31 @@ def env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 
+class Pair:
+    """Rank 0's side: the communicator, the transport, rank 1's report folder and command count."""
+
+    def __init__(self, comm, transport, folder):
+        self.comm, self.transport, self.folder, self.commands = comm, transport, folder, 0
+
+    def rank1_wrong(self):
+        """Rank 1's wrong-value count for the last command (after the barrier that follows its write)."""
+        self.comm.barrier()
+        path = os.path.join(self.folder, f"wrong{self.commands}")
+        self.commands += 1
+        with open(path) as f:
+            return int(f.read())
+
+
 @pytest.fixture(scope="module", params=["tcp", "shm"])
-def pair(request):
-    """(rank-0 communicator, transport) with rank 1 running tests/perf_helper.py."""
+def pair(request, tmp_path_factory):
+    """Pair with rank 1 running tests/perf_helper.py."""
     uid = harp.get_unique_id("127.0.0.1:0")
-    helper = subprocess.Popen([sys.executable, HELPER], env=dict(env(), PERF_UID=uid.hex(),
+    folder = str(tmp_path_factory.mktemp("perf-" + request.param))
+    helper = subprocess.Popen([sys.executable, HELPER], env=dict(env(), PERF_UID=uid.hex(), PERF_DIR=folder,
                                                                       PERF_TRANSPORT=request.param))
     comm = harp.Communicator(0, 2, uid, transport=request.param)
-    yield comm, request.param
+    p = Pair(comm, request.param, folder)
+    yield p
     comm.broadcast(np.array([STOP, 0, 0], np.int64), root=0)
     comm.destroy()
     assert helper.wait(timeout=120) == 0
@@ -60,7 +78,7 @@ def pair(request):
 @pytest.mark.parametrize("nbytes", SIZES)
 @pytest.mark.parametrize("coll", COLLS)
 def test_collective_latency(benchmark, pair, coll, nbytes):
-    comm, transport = pair
+    comm, transport = pair.comm, pair.transport
     assert comm.transport(1) == transport
     n = nbytes // 4
     send, out = buffers(coll, n, 0, 2)
@@ -81,9 +99,8 @@ def test_collective_latency(benchmark, pair, coll, nbytes):
     assert 1 <= len(made) <= calls
     for _ in range(calls - len(made)):
         call(comm, coll, send, out)
-    bad = np.array([wrong(comm, coll, send, out)], np.int64)
-    comm.allreduce(bad)
-    assert bad[0] == 0, f"{coll} {nbytes} B over {transport}: {bad[0]} wrong values (both ranks)"
+    mine, theirs = wrong(comm, coll, send, out), pair.rank1_wrong()
+    assert (mine, theirs) == (0, 0), f"{coll} {nbytes} B over {transport}: wrong values: rank 0 {mine}, rank 1 {theirs}"
 
 
 @pytest.fixture(scope="module")

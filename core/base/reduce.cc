@@ -1,4 +1,14 @@
+// core/base/reduce.cc — picks the kernel set once at load time (CPU features).
+//
+// Test hook: when the process defines the C symbol `harp_test_reduce_hook`
+// (tests/bench_broken_reduce.c, LD_PRELOADed by tests/test_bench.py), every
+// reduce() calls it after the kernel with (out, n, element size), and the hook
+// may corrupt the output. It is looked up once, with dlsym, when the kernels
+// are chosen; without it the dispatch pointer is the kernel itself, so the
+// hook costs nothing in a normal process.
 #include "core/base/reduce.h"
+
+#include <dlfcn.h>
 
 #include <string>
 #include <type_traits>
@@ -18,6 +28,15 @@ void finalizeAvg(void*, size_t, DataType, int);
 }  // namespace kernels
 
 namespace {
+using TestHook = void (*)(void* out, size_t n, size_t elemSize);
+kernels::ReduceFn g_kernel;  // the real kernel, when the test hook wraps it
+TestHook g_hook;
+
+void hookedReduce(void* out, const void* a, const void* b, size_t n, DataType dt, ReduceOp op) {
+  g_kernel(out, a, b, n, dt, op);
+  g_hook(out, n, dtypeSize(dt));
+}
+
 struct Dispatch {
   kernels::ReduceFn reduce = kernels::generic::reduce;
   kernels::AvgFn avg = kernels::generic::finalizeAvg;
@@ -31,6 +50,11 @@ struct Dispatch {
       name = "avx2";
     }
 #endif
+    if (auto h = reinterpret_cast<TestHook>(dlsym(RTLD_DEFAULT, "harp_test_reduce_hook"))) {
+      g_kernel = reduce;
+      g_hook = h;
+      reduce = hookedReduce;
+    }
   }
 };
 const Dispatch& dispatch() {

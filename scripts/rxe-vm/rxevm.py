@@ -21,7 +21,10 @@ which ships `rdma_rxe.ko`. This module:
 Paths under /tmp, /run and /dev/shm are guest-private tmpfs (the host's are
 not visible); everything else is the host's tree, read-only.
 
-Used by tests/test_verbs.py (import this file) and from the shell:
+The one qemu harness of the tree: tests/test_verbs.py imports this file, and
+tests/dpdk_netem_vm.sh runs the DPDK netem tests through `run --no-rdma`
+(the guest kernel has sch_netem and bridge; bpffs is mounted for af_xdp).
+From the shell:
 
     scripts/rxe-vm/rxevm.py run [--timeout S] [--no-rdma] [-v] -- CMD ARGS...
     scripts/rxe-vm/rxevm.py check      # ibv_devices + ibv_rc_pingpong in the guest
@@ -55,8 +58,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 # Modules init loads (their dependencies come from modprobe --show-depends).
+# sch_netem and bridge: the DPDK transport's `tc netem` tests (tests/dpdk_netem_vm.sh), for hosts
+# whose own kernel lacks netem. Keep in step with the modprobe loop in `init`.
 MODULES = ["virtio_pci", "virtio_net", "9pnet_virtio", "9p", "crc32_generic", "crc32_pclmul",
-           "rdma_rxe", "rdma_ucm", "ib_uverbs", "veth", "dummy"]
+           "rdma_rxe", "rdma_ucm", "ib_uverbs", "veth", "dummy", "sch_netem", "bridge"]
+# Packed when the kernel has them, skipped otherwise (the verbs guest does not need them).
+OPTIONAL_MODULES = {"sch_netem", "bridge"}
 # Debian packages that provide what this harness needs (also in scripts/deps/verbs.apt).
 PACKAGES = "qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 rdma-core ibverbs-providers"
 
@@ -194,6 +201,8 @@ def _module_files(kver: str) -> list[str]:
     for m in MODULES:
         r = subprocess.run([_tool("modprobe"), "-S", kver, "--show-depends", m], capture_output=True, text=True)
         if r.returncode != 0:
+            if m in OPTIONAL_MODULES:
+                continue
             raise VmUnavailable(f"modprobe -S {kver} --show-depends {m} failed: {r.stderr.strip()}")
         for line in r.stdout.splitlines():
             parts = line.split()

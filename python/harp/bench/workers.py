@@ -6,8 +6,10 @@
 
 Each worker times `iters` back-to-back calls after `warmup` calls (and a barrier),
 for the out-of-place and the in-place form, averages the time over ranks, and
-checks the results of one extra call when check is on. Rank 0 writes the rows as
-JSON to args["out"].
+checks the results of one extra call when check is on, with numpy, against the
+expected output computed locally (check.py). Every rank writes its own rows,
+times and wrong counts, to args["out"] + ".rank<r>"; harp-bench merges them,
+so no result of the check passes through the library being measured.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import sweep
+from . import check, sweep
 
 
 class Lib:
@@ -33,6 +35,9 @@ class Lib:
     def run(self, coll, send, recv, in_place, op, root):
         raise NotImplementedError
 
+    def close(self):
+        pass
+
 
 def _time(fn, iters, warmup, barrier):
     for _ in range(warmup):
@@ -44,83 +49,61 @@ def _time(fn, iters, warmup, barrier):
     return (time.perf_counter() - t0) / max(iters, 1) * 1e6
 
 
-def _expected(coll, a, nranks, rank, dtype, count_send, count_recv, op, root):
-    """Expected output of one call, from the fill() inputs of every rank (float64)."""
-    ins = []
-    for r in range(nranks):
-        v = np.empty(count_send, dtype=dtype)
-        sweep.fill(v, r)
-        ins.append(v.astype(np.float64))
-    if coll in ("allreduce", "reduce", "reduce_scatter"):
-        stack = np.stack(ins)
-        red = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0),
-               "avg": stack.sum(0) / nranks}[op]
-        if op == "avg" and np.issubdtype(dtype, np.integer):
-            red = np.trunc(stack.sum(0) / nranks)
-        if coll == "reduce_scatter":
-            return red[rank * count_recv:(rank + 1) * count_recv]
-        if coll == "reduce" and rank != root:
-            return None
-        return red
-    if coll == "broadcast":
-        return ins[root]
-    if coll == "allgather":
-        return np.concatenate(ins)
-    if coll == "alltoall":
-        per = count_send // nranks
-        return np.concatenate([ins[q][rank * per:(rank + 1) * per] for q in range(nranks)])
-    return None
+class Case:
+    """One size of one collective on this rank: the buffers, and per form ("oop", "ip") the call
+    through a library, the reset of in-place inputs, and the numpy check of the output."""
+
+    def __init__(self, a, size, rank, nranks):
+        self.dtype = sweep.numpy_dtype(a["dtype"])
+        self.coll, self.op, self.root, self.rank, self.nranks = a["coll"], a["op"], a["root"], rank, nranks
+        self.ns, self.nr, self.count = sweep.counts(self.coll, size, self.dtype.itemsize, nranks)
+        self.send = np.empty(self.ns, dtype=self.dtype)
+        sweep.fill(self.send, rank)
+        self.recv = np.zeros(self.nr, dtype=self.dtype)
+        self.ip_buf = np.empty(max(self.ns, self.nr), dtype=self.dtype)
+
+    def call(self, lib, mode):
+        if mode == "ip":
+            return lambda: lib.run(self.coll, self.ip_buf, self.ip_buf, True, self.op, self.root, self.ns, self.nr)
+        return lambda: lib.run(self.coll, self.send, self.recv, False, self.op, self.root, self.ns, self.nr)
+
+    def prime(self, mode):
+        """Reset in-place inputs (a call overwrites them)."""
+        if mode != "ip":
+            return
+        if self.coll == "allgather":
+            self.ip_buf[:] = 0
+            self.ip_buf[self.rank * self.ns:(self.rank + 1) * self.ns] = self.send
+        else:
+            self.ip_buf[:self.ns] = self.send
+
+    def check(self, lib, mode):
+        """(wrong values, note) of one fresh call, checked here with numpy."""
+        self.prime(mode)
+        out = self.call(lib, mode)()
+        exp = check.expected(self.coll, self.nranks, self.rank, self.dtype, self.ns, self.nr, self.op, self.root)
+        return check.count_wrong(out, exp, self.dtype)
 
 
 def run_sweep(lib, a, rank, nranks, barrier, avg_time):
-    dtype = sweep.numpy_dtype(a["dtype"])
-    coll, op, root = a["coll"], a["op"], a["root"]
+    """Rows for this rank. Times go through avg_time (identity: this rank's own; the
+    caller merges). Wrong counts are always this rank's own, checked with numpy."""
     rows = []
     sizes = sweep.sizes(a["minbytes"], a["maxbytes"], a["factor"], a["step"])
     for i, size in enumerate(sizes):
-        ns, nr, count = sweep.counts(coll, size, dtype.itemsize, nranks)
-        row = {"size": size, "count": count}
-        send = np.empty(ns, dtype=dtype)
-        sweep.fill(send, rank)
-        recv = np.zeros(nr, dtype=dtype)
-        ip_buf = np.empty(max(ns, nr), dtype=dtype)
+        c = Case(a, size, rank, nranks)
+        row = {"size": size, "count": c.count}
         for mode in ("oop", "ip"):
-            in_place = mode == "ip"
-            if not lib.supports(coll, in_place):
-                row[f"{mode}_us"] = None
-                row[f"{mode}_wrong"] = None
+            row[f"{mode}_us"] = row[f"{mode}_wrong"] = None
+            if not lib.supports(c.coll, mode == "ip"):
                 continue
-
-            def call():
-                if in_place:
-                    return lib.run(coll, ip_buf, ip_buf, True, op, root, ns, nr)
-                return lib.run(coll, send, recv, False, op, root, ns, nr)
-
-            def prime():
-                # Reset in-place inputs (a call overwrites them).
-                if in_place:
-                    if coll == "allgather":
-                        ip_buf[:] = 0
-                        ip_buf[rank * ns:(rank + 1) * ns] = send
-                    else:
-                        ip_buf[:ns] = send
-
-            prime()
-            us = _time(call, a["iters"], a["warmup"], barrier)
-            row[f"{mode}_us"] = avg_time(us)
-            wrong = None
+            c.prime(mode)
+            row[f"{mode}_us"] = avg_time(_time(c.call(lib, mode), a["iters"], a["warmup"], barrier))
             if a["check"]:
-                prime()
-                out = call()
-                exp = _expected(coll, a, nranks, rank, dtype, ns, nr, op, root)
-                if exp is None:
-                    wrong = 0
-                else:
-                    got = np.asarray(out)[: exp.size].astype(np.float64)
-                    wrong = int(np.count_nonzero(~np.isclose(got, exp, rtol=1e-2 if dtype.itemsize <= 2 else 1e-5)))
-                wrong = int(avg_time(float(wrong)) * nranks + 0.5)
-            row[f"{mode}_wrong"] = wrong
-        row.update(lib.describe(coll, count, a["dtype"]))
+                row[f"{mode}_wrong"], note = c.check(lib, mode)
+                if note:
+                    row[f"{mode}_note"] = note
+        row.update(lib.describe(c.coll, c.count, a["dtype"]))
         rows.append(row)
         if rank == 0:
             _progress(a.get("progress"), lib.name, i + 1, len(sizes), size)
@@ -141,15 +124,18 @@ def _progress(mode, name, done, total, size):
 class HarpLib(Lib):
     name = "harp"
 
-    def __init__(self, a):
+    def __init__(self, a, comm=None):
         import harp
 
-        self.comm = harp.init(transport=a.get("transport"))
+        self.comm = comm or harp.init(transport=a.get("transport"))
         self.algo = a.get("algo") or ""
         self.rank, self.size = self.comm.rank, self.comm.size
 
     def supports(self, coll, in_place):
         return True
+
+    def close(self):
+        self.comm.destroy()
 
     def barrier(self):
         self.comm.barrier()
@@ -209,14 +195,25 @@ class HarpLib(Lib):
 
 # ---------------------------------------------------------------------------- gloo
 class GlooLib(Lib):
-    name = "gloo"
+    """torch.distributed with the gloo backend (env:// rendezvous)."""
 
-    def __init__(self, a):
+    name = "gloo"
+    backend = "gloo"
+
+    def __init__(self, a, group=None):
+        """group: an existing process group of this backend (interleaved runs); else the default
+        group is initialised from the env:// variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo")
+        # torch's intra-op threads spin after parallel regions and take CPU from the ranks.
+        torch.set_num_threads(1)
+        self.group, self.own = group, group is None
+        if group is None:
+            if self.backend == "harp":
+                import harp.torch  # noqa: F401  (registers the backend)
+            dist.init_process_group(self.backend)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
                     "max": dist.ReduceOp.MAX, "avg": getattr(dist.ReduceOp, "AVG", None)}
@@ -227,35 +224,39 @@ class GlooLib(Lib):
             return in_place
         return not in_place
 
+    def close(self):
+        if self.own:
+            self.dist.destroy_process_group()
+
     def barrier(self):
-        self.dist.barrier()
+        self.dist.barrier(group=self.group)
 
     def avg(self, x):
         t = self.torch.tensor([x], dtype=self.torch.float64)
-        self.dist.all_reduce(t)
+        self.dist.all_reduce(t, group=self.group)
         return float(t[0]) / self.size
 
     def run(self, coll, send, recv, in_place, op, root, ns, nr):
-        torch, dist = self.torch, self.dist
+        torch, dist, g = self.torch, self.dist, self.group
         s = torch.from_numpy(send)
         if coll == "allreduce":
-            dist.all_reduce(s, op=self.ops[op])
+            dist.all_reduce(s, op=self.ops[op], group=g)
             return send
         if coll == "broadcast":
-            dist.broadcast(s, root)
+            dist.broadcast(s, root, group=g)
             return send
         if coll == "reduce":
-            dist.reduce(s[:ns], root, op=self.ops[op])
+            dist.reduce(s[:ns], root, op=self.ops[op], group=g)
             return send
         r = torch.from_numpy(recv)
         if coll == "allgather":
-            dist.all_gather_into_tensor(r, s)
+            dist.all_gather_into_tensor(r, s, group=g)
             return recv
         if coll == "reduce_scatter":
-            dist.reduce_scatter_tensor(r, s, op=self.ops[op])
+            dist.reduce_scatter_tensor(r, s, op=self.ops[op], group=g)
             return recv
         if coll == "alltoall":
-            dist.all_to_all_single(r, s)
+            dist.all_to_all_single(r, s, group=g)
             return recv
         raise ValueError(coll)
 
@@ -264,7 +265,7 @@ class GlooLib(Lib):
 class MpiLib(Lib):
     name = "mpi"
 
-    def __init__(self, a):
+    def __init__(self, a, comm=None):
         from mpi4py import MPI
 
         self.MPI = MPI
@@ -325,21 +326,30 @@ class MpiLib(Lib):
         raise ValueError(coll)
 
 
-LIBS = {"harp": HarpLib, "gloo": GlooLib, "mpi": MpiLib}
+class TorchHarpLib(GlooLib):
+    """torch.distributed over HARP's backend ("torch+harp": the torch path's cost on top of HARP)."""
+
+    name = "torch+harp"
+    backend = "harp"
+
+    def supports(self, coll, in_place):
+        # The same forms as gloo, so the torch path compares like for like.
+        return GlooLib.supports(self, coll, in_place)
+
+
+LIBS = {"harp": HarpLib, "gloo": GlooLib, "mpi": MpiLib, "torch+harp": TorchHarpLib}
 
 
 def main():
     which, args = sys.argv[1], json.loads(sys.argv[2])
+    if which == "interleave":
+        from .interleave import main as interleaved
+
+        return interleaved(args)
     lib = LIBS[which](args)
-    rows = run_sweep(lib, args, lib.rank, lib.size, lib.barrier, lib.avg)
-    if lib.rank == 0:
-        with open(args["out"], "w") as f:
-            used = sorted({r["transport"] for r in rows if r.get("transport")})
-            json.dump({"lib": which, "nranks": lib.size, "transport": "+".join(used) or which, "rows": rows}, f)
-    if which == "harp":
-        lib.comm.destroy()
-    elif which == "gloo":
-        lib.dist.destroy_process_group()
+    rows = run_sweep(lib, args, lib.rank, lib.size, lib.barrier, lambda x: x)
+    check.write_rank(args["out"], which, lib.rank, lib.size, rows)
+    lib.close()
 
 
 if __name__ == "__main__":
