@@ -14,8 +14,8 @@ namespace {
 // Measured with scripts/calibrate.py on the development VM; see docs/algorithms.md
 // ("Transport parameters") for the run, its load and how to redo it.
 const char* const kBuiltinCalibration =
-    "tcp 15e-6 5.2e-10 1.1e-10\n"
-    "shm 1.0e-6 1.1e-10 1.1e-10\n";
+    "tcp 15e-6 4.2e-10 1.0e-10\n"
+    "shm 0.7e-6 1.1e-10 1.0e-10\n";
 
 double parseValue(const std::string& s, const std::string& where, const char* what) {
   size_t used = 0;

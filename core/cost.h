@@ -16,7 +16,7 @@
 // HARP_CALIBRATION_FILE=path replaces lines of the built-in set. Format, one
 // transport per line, '#' starts a comment:
 //     # transport  alpha_s  beta_s_per_byte  gamma_s_per_byte
-//     tcp          15e-6    5.2e-10          1.1e-10
+//     tcp          15e-6    4.2e-10          1.0e-10
 // Produce one with `python3 scripts/calibrate.py > file` on the target machines.
 // Malformed lines, negative or non-finite values are errors naming file:line.
 //
