@@ -15,11 +15,14 @@
 // Unknown names are errors listing the known ones; a collective where nothing
 // fits is an error naming every candidate's failed restriction.
 //
-// Every input is the same on every rank (rank count, the transport kind, the
-// collective's arguments), so every rank picks the same algorithm; a rank
-// that disagrees anyway (e.g. in-place on one rank only, with an algorithm
-// restricted to in-place) is caught by the tag's algorithm field as a
-// collective mismatch, never as wrong data.
+// The inputs are the same on every rank (rank count, the collective's
+// arguments, the environment's tables), with two exceptions: in-place may
+// differ per rank, and the transport kind does when only some ranks share a
+// host (those see "mixed", the others "tcp"; the built-in table's rows match
+// both alike, and mixed's cost parameters equal tcp's while tcp has the
+// largest line). A rank that picks differently anyway is caught by the tag's
+// algorithm field as a collective mismatch (at worst a timeout), never as
+// wrong data.
 //
 // Threading: pure functions of their arguments.
 #pragma once

@@ -265,3 +265,27 @@ def test_bad_calibration_file_is_an_error_naming_the_line(tmp_path):
     missing = tmp_path / "none.txt"
     rc, out, err = config("--explain", "allreduce", "4K", env={"HARP_CALIBRATION_FILE": str(missing)})
     assert rc != 0 and "cannot be read" in err
+
+
+def _disagree(rank, size):
+    comm = harp.init()
+    algos = harp._harp.algorithms("allreduce").split(", ")
+    mine = ["ring", "recursive_doubling", "halving_doubling"][rank % 3]
+    try:
+        comm.allreduce(np.ones(1000, np.float32), algo=mine)
+        return "completed", algos.index(mine)
+    except harp.MismatchError as e:
+        return "mismatch", str(e)
+    finally:
+        comm.destroy()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_running_different_algorithms_get_a_mismatch_naming_the_index(ranks):
+    got = run_ranks(ranks, _disagree, env={"HARP_TRANSPORT": "tcp"}, timeout=300)
+    for kind, text in got:
+        assert kind == "mismatch", got
+        assert "algorithm #" in text, text
+    # The indices in the text are the registry's (position by name), not a hand-kept table.
+    idx = {n: i for i, n in enumerate(harp._harp.algorithms("allreduce").split(", "))}
+    assert any(f"algorithm #{idx['ring']}" in t for _, t in got), got
