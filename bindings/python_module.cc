@@ -17,6 +17,8 @@
 #include "core/algorithms/registry.h"
 #include "core/base/bootstrap.h"
 #include "core/communicator.h"
+#include "core/cost.h"
+#include "core/select.h"
 #include "core/base/reduce.h"
 #include "transport/transport.h"
 
@@ -250,6 +252,39 @@ PYBIND11_MODULE(_harp, m) {
   m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });
   m.def("reduce_kernel", &reduceKernelName);
   m.def("algorithms", [](const std::string& coll) { return algorithmList(parseColl(coll)); });
+  // Algorithm choice, as Communicator::algorithmFor makes it (core/select.h), with
+  // every candidate: harp-config --explain.
+  m.def(
+      "explain",
+      [](const std::string& coll, size_t bytes, int ranks, const std::string& transport, const std::string& dtype,
+         const std::string& op, bool in_place, const std::string& algo) {
+        SelectQuery q;
+        q.coll = parseColl(coll);
+        q.bytes = bytes;
+        q.count = bytes / dtypeSize(parseDtype(dtype));
+        if (ranks < 1) throw InvalidArgument("--ranks must be >= 1");
+        q.ranks = ranks;
+        q.transport = transport;
+        q.in_place = in_place;
+        q.op = parseOp(op);
+        q.user_algo = algo;
+        Selection s = explainAlgorithm(q);
+        py::list cands;
+        for (const Candidate& c : s.candidates)
+          cands.append(py::dict(py::arg("name") = c.algo->name, py::arg("index") = c.algo->index,
+                                py::arg("restrictions") = restrictionText(c.algo->restrictions),
+                                py::arg("failed") = c.failed, py::arg("seconds") = c.seconds,
+                                py::arg("fallback") = c.algo->fallback ? c.algo->fallback : ""));
+        return py::dict(py::arg("pick") = s.pick->name, py::arg("source") = pickSourceName(s.source),
+                        py::arg("reason") = s.reason(), py::arg("candidates") = cands,
+                        py::arg("alpha") = s.params.alpha, py::arg("beta") = s.params.beta,
+                        py::arg("gamma") = s.params.gamma, py::arg("params_source") = s.params_source,
+                        py::arg("count") = q.count);
+      },
+      py::arg("coll"), py::arg("bytes"), py::arg("ranks"), py::arg("transport"), py::arg("dtype") = "float32",
+      py::arg("op") = "sum", py::arg("in_place") = false, py::arg("algo") = "");
+  m.def("registry_problems", &registryProblems);
+  m.def("measure_gamma", &measureGamma);
   m.def("transports", [] {
     std::vector<std::tuple<std::string, int, std::string>> out;
     for (const auto& s : transport::registeredTransports())
@@ -344,13 +379,18 @@ PYBIND11_MODULE(_harp, m) {
            py::arg("timeout") = -1.0, py::arg("async_op") = false, py::arg("sendcounts") = std::vector<long long>{},
            py::arg("sdispls") = std::vector<long long>{}, py::arg("recvcounts") = std::vector<long long>{},
            py::arg("rdispls") = std::vector<long long>{})
-      .def("choose_algorithm", [](Communicator& c, int coll, size_t count, int dtype) {
-        CollArgs a;
-        a.coll = static_cast<CollType>(coll);
-        a.count = count;
-        a.dtype = static_cast<DataType>(dtype);
-        return c.chooseAlgorithm(a);
-      })
+      .def(
+          "choose_algorithm",
+          [](Communicator& c, int coll, size_t count, int dtype, const std::string& algo) {
+            CollArgs a;
+            a.coll = static_cast<CollType>(coll);
+            a.count = count;
+            a.dtype = static_cast<DataType>(dtype);
+            a.opts.algo = algo;
+            return c.chooseAlgorithm(a);
+          },
+          py::arg("coll"), py::arg("count"), py::arg("dtype"), py::arg("algo") = "")
+      .def("last_algorithm", [](Communicator& c, int coll) { return c.lastAlgorithm(static_cast<CollType>(coll)); })
       .def("split", [](Communicator& c, int color, int key) {
         py::gil_scoped_release nogil;
         return c.split(color, key);

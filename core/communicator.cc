@@ -17,6 +17,7 @@
 #include "core/base/log.h"
 #include "core/base/rendezvous.h"
 #include "core/base/reduce.h"
+#include "core/select.h"
 #include "core/tuning.h"
 
 namespace harp {
@@ -148,6 +149,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = resolveTimeout(opts_.timeout_s);
   tuning_ = TuningTable::fromEnvironment();
+  calibration_ = Calibration::fromEnvironment();
   res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN")));
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
 }
@@ -451,32 +453,52 @@ void Communicator::checkBuffers(const CollArgs& a) const {
   }
 }
 
+namespace {
+SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport) {
+  SelectQuery q;
+  q.coll = a.coll;
+  q.count = a.count;
+  q.bytes = bytesOf(a);
+  q.ranks = ranks;
+  q.transport = transport;
+  q.in_place = a.sendbuf && a.sendbuf == a.recvbuf;
+  q.op = a.op;
+  q.user_algo = a.opts.algo;
+  return q;
+}
+}  // namespace
+
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
-  if (!a.opts.algo.empty()) return a.opts.algo;
-  std::string algo = tuning_.lookup(a.coll, transport_kind_, size_, bytesOf(a));
-  if (algo.empty()) throw Error(Error::kInternal, std::string("tuning table has no row for ") + collName(a.coll));
-  if (!findAlgorithm(a.coll, algo))
-    throw InvalidArgument(std::string("tuning/HARP_ALGO names unknown algorithm '") + algo + "' for " +
-                          collName(a.coll) + " (known: " + algorithmList(a.coll) + ")");
-  return algo;
+  return selectAlgorithm(queryOf(a, size_, transport_kind_), tuning_, calibration_, false).pick->name;
+}
+
+std::string Communicator::lastAlgorithm(CollType c) {
+  std::lock_guard<std::mutex> ex(exec_mu_);
+  const size_t slot = static_cast<size_t>(c);
+  return slot < std::size(algo_memo_) && algo_memo_[slot].algo ? algo_memo_[slot].algo->name : "";
 }
 
 const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
-  const size_t bytes = bytesOf(a);
+  const SelectQuery q = queryOf(a, size_, transport_kind_);
   const size_t slot = static_cast<size_t>(a.coll);
   const bool memo = a.opts.algo.empty() && slot < std::size(algo_memo_);
-  if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == bytes) return algo_memo_[slot].algo;
-  const std::string name = chooseAlgorithm(a);
-  const Algorithm* algo = findAlgorithm(a.coll, name);
-  if (logLevel() >= LogLevel::kInfo) {
-    std::string key = std::string(collName(a.coll)) + "/" + name;
+  if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == q.bytes && algo_memo_[slot].in_place == q.in_place)
+    return algo_memo_[slot].algo;
+  const Selection sel = selectAlgorithm(q, tuning_, calibration_, false);
+  const bool fell_back = !sel.named_failed.empty() && sel.source == PickSource::kUser;
+  if (fell_back || logLevel() >= LogLevel::kInfo) {
+    std::string key = std::string(collName(a.coll)) + "/" + sel.pick->name + "/" + sel.why;
     if (std::find(logged_algos_.begin(), logged_algos_.end(), key) == logged_algos_.end()) {
       logged_algos_.push_back(key);
-      HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks)", collName(a.coll), name.c_str(), bytes, size_);
+      if (fell_back)
+        HARP_WARN("%s: %s (%zu bytes, %d ranks)", collName(a.coll), sel.reason().c_str(), q.bytes, size_);
+      else
+        HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks): %s", collName(a.coll), sel.pick->name, q.bytes, size_,
+                  sel.reason().c_str());
     }
   }
-  if (memo) algo_memo_[slot] = {bytes, algo};
-  return algo;
+  if (memo) algo_memo_[slot] = {q.bytes, q.in_place, sel.pick};
+  return sel.pick;
 }
 
 // ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@
 
 #include "core/base/bootstrap.h"
 #include "core/base/store.h"
+#include "core/cost.h"
 #include "core/tuning.h"
 #include "core/base/types.h"
 #include "transport/transport.h"
@@ -158,8 +159,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool broken() const { return broken_.load(); }
   std::string brokenReason();
 
-  // Algorithm that would run (tuning table + overrides); for tests and INFO logs.
+  // Algorithm that would run (core/select.h: user, tuning table, cost model,
+  // fallback); for tests and INFO logs. In place: sendbuf == recvbuf != null.
   std::string chooseAlgorithm(const CollArgs& a) const;
+  // The algorithm the latest call of `c` without algo= ran ("" before one);
+  // for tests comparing the runtime pick with chooseAlgorithm / --explain.
+  std::string lastAlgorithm(CollType c);
 
  private:
   Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts);
@@ -194,6 +199,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string transport_kind_ = "self";              // tuning key: a transport name or "mixed"
   // Configuration read from the environment when the communicator is created.
   TuningTable tuning_;
+  Calibration calibration_;    // HARP_CALIBRATION_FILE over the built-in transport parameters
   uint32_t seq_ = 0;
   int split_seq_ = 0;
 
@@ -218,11 +224,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Error::Kind broken_kind_ = Error::kInternal;
   bool destroyed_ = false;
   std::vector<std::string> logged_algos_;
-  // The tuning table's last answer per collective (exact byte count), so a
-  // training loop's repeated calls skip the table walk. Touched by the
-  // executing thread only (under exec_mu_).
+  // The selector's last answer per collective (exact byte count, in-place or
+  // not, no per-call algo=), so a training loop's repeated calls skip the
+  // table walk and the cost model. Touched by the executing thread only
+  // (under exec_mu_).
   struct AlgoMemo {
     size_t bytes = 0;
+    bool in_place = false;
     const struct Algorithm* algo = nullptr;  // nullptr: nothing memoised yet
   };
   AlgoMemo algo_memo_[32];

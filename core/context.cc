@@ -39,7 +39,7 @@ std::string descText(CollType c, uint64_t count, bool show_count, DataType dt, R
 }  // namespace
 
 uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo) {
-  return (static_cast<uint64_t>(seq & 0x3f) << 58) | (static_cast<uint64_t>(algo & 3) << 56) |
+  return (static_cast<uint64_t>(seq & 0xf) << 60) | (static_cast<uint64_t>(algo & 0xf) << 56) |
          (static_cast<uint64_t>(c) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 |
          (static_cast<uint64_t>(op) & 0xf) << 44 | (static_cast<uint64_t>(root) & 0xfff) << 32 |
          (count & 0xffffffffull);
@@ -51,7 +51,7 @@ uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
 
 std::string describeTag(uint64_t tag) {
   const uint64_t coll = (tag >> 52) & 0xf;
-  const uint32_t seq = static_cast<uint32_t>(tag >> 58);
+  const uint32_t seq = static_cast<uint32_t>(tag >> 60);
   if (coll == kCheckColl) return "descriptor check #" + std::to_string(seq);
   auto c = static_cast<CollType>(coll);
   auto dt = static_cast<DataType>((tag >> 48) & 0xf);
@@ -59,7 +59,7 @@ std::string describeTag(uint64_t tag) {
     return std::string("send/recv(dtype=") + dtypeName(dt) + ", tag=" + std::to_string(tag & 0xffffffffull) + ")";
   auto op = static_cast<ReduceOp>((tag >> 44) & 0xf);
   std::string root = std::to_string((tag >> 32) & 0xfff);
-  return descText(c, tag & 0xffffffffull, true, dt, op, root, seq) + " algorithm #" + std::to_string((tag >> 56) & 3);
+  return descText(c, tag & 0xffffffffull, true, dt, op, root, seq) + " algorithm #" + std::to_string((tag >> 56) & 0xf);
 }
 
 std::string describe(const Descriptor& d) {
@@ -190,7 +190,7 @@ void Context::startCheck(const Descriptor& mine) {
   check_mine_ = &mine;
   auto& theirs = res_.check_buf;
   theirs.resize(size_);
-  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0x3f) << 58) | kCheckColl << 52;
+  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0xf) << 60) | kCheckColl << 52;
   check_recvs_.clear();
   check_done_ = 0;
   for (int q = 0; q < size_; ++q)

@@ -96,7 +96,8 @@ class Context {
 
 std::string describe(const Descriptor& d);
 
-// Tag layout: seq(6) | algo(2) | coll(4) | dtype(4) | op(4) | root(12) | count(32).
+// Tag layout: seq(4) | algo(4) | coll(4) | dtype(4) | op(4) | root(12) | count(32)
+// (algo: the algorithm's index in its collective, core/algorithms/registry.h).
 // Exact while root < 4096 and count < 2^32 (tagIsExact); beyond that the
 // descriptor check carries what the tag cannot. p2p messages (makeP2pTag):
 // coll = send, dtype, and the whole 32-bit user tag in the low 32 bits (the

@@ -53,6 +53,7 @@ std::vector<TuningRow> parseTuning(const std::string& text, const std::string& s
     parseRanks(ranks, r.min_ranks, r.max_ranks, where);
     parseRange(bytes, r.min_bytes, r.max_bytes, where);
     r.algo = algo;
+    r.where = where;
     rows.push_back(r);
   }
   return rows;
@@ -70,6 +71,7 @@ std::vector<TuningRow> parseAlgoOverride(const std::string& spec) {
     while (std::getline(p, part, ':')) parts.push_back(part);
     TuningRow r;
     r.transport = "*";
+    r.where = "HARP_ALGO '" + item + "'";
     if (parts.size() == 1) {
       r.coll = CollType::kAllreduce;
       r.algo = parts[0];
@@ -104,16 +106,21 @@ TuningTable TuningTable::fromEnvironment() {
   return t;
 }
 
-std::string TuningTable::lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const {
+TuningTable::Match TuningTable::match(CollType c, std::string_view transport, int ranks, size_t bytes) const {
   for (const auto* list : {&overrides, &rows})
     for (const auto& r : *list) {
       if (r.coll != c) continue;
       if (r.transport != "*" && r.transport != transport) continue;
       if (ranks < r.min_ranks || ranks > r.max_ranks) continue;
       if (bytes < r.min_bytes || bytes >= r.max_bytes) continue;
-      return r.algo;
+      return {&r, list == &overrides};
     }
-  return "";
+  return {};
+}
+
+std::string TuningTable::lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const {
+  Match m = match(c, transport, ranks, bytes);
+  return m.row ? m.row->algo : "";
 }
 
 }  // namespace harp

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/types.h"
@@ -22,6 +23,7 @@ struct TuningRow {
   int min_ranks = 1, max_ranks = 1 << 30;
   size_t min_bytes = 0, max_bytes = SIZE_MAX;  // [min, max)
   std::string algo;
+  std::string where;  // "core/tuning.tsv:12", "FILE:3" or "HARP_ALGO 'allreduce:ring'"
 };
 
 std::vector<TuningRow> parseTuning(const std::string& text, const std::string& source);
@@ -34,6 +36,13 @@ std::vector<TuningRow> parseAlgoOverride(const std::string& spec);
 struct TuningTable {
   std::vector<TuningRow> overrides, rows;
   static TuningTable fromEnvironment();
+  // The first matching row (HARP_ALGO rows first; `override` says which list);
+  // row == nullptr when none matches.
+  struct Match {
+    const TuningRow* row = nullptr;
+    bool override = false;
+  };
+  Match match(CollType c, std::string_view transport, int ranks, size_t bytes) const;
   // The algorithm for this collective; "" if no row matches.
   std::string lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const;
 };

@@ -37,4 +37,11 @@ void allgatherDirect(Context& ctx) {
   ctx.waitAll(reqs);
 }
 
+namespace {
+// p-1 concurrent transfers: the latencies overlap only partly (counted whole).
+double directCost(double n, int p, const TransportParams& t) { return (p - 1) * t.alpha + (p - 1) * n * t.beta; }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "direct", .fn = allgatherDirect, .cost = directCost});
+
 }  // namespace harp

@@ -29,4 +29,10 @@ void allgatherRing(Context& ctx) {
   if (!early) copyBytes(out + r * blk, in, blk);
 }
 
+namespace {
+double ringCost(double n, int p, const TransportParams& t) { return (p - 1) * (t.alpha + n * t.beta); }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "ring", .fn = allgatherRing, .cost = ringCost});
+
 }  // namespace harp

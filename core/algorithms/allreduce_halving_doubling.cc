@@ -50,4 +50,14 @@ void allreduceHalvingDoubling(Context& ctx) {
   fold::out(ctx, f, out, a.count);
 }
 
+namespace {
+double halvingDoublingCost(double n, int p, const TransportParams& t) {
+  const int q = floorPow2(p);
+  const double f = (q - 1.0) / q;
+  return 2 * ceilLog2(q) * t.alpha + 2 * f * n * t.beta + f * n * t.gamma + fold::cost(n, p, t);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "halving_doubling", .fn = allreduceHalvingDoubling, .cost = halvingDoublingCost});
+
 }  // namespace harp

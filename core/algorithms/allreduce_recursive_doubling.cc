@@ -32,4 +32,12 @@ void allreduceRecursiveDoubling(Context& ctx) {
   fold::out(ctx, f, out, a.count);
 }
 
+namespace {
+double recursiveDoublingCost(double n, int p, const TransportParams& t) {
+  return ceilLog2(floorPow2(p)) * (t.alpha + n * t.beta + n * t.gamma) + fold::cost(n, p, t);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "recursive_doubling", .fn = allreduceRecursiveDoubling, .cost = recursiveDoublingCost});
+
 }  // namespace harp

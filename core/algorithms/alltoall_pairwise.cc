@@ -61,4 +61,11 @@ void alltoallvPairwise(Context& ctx) {
   exchange(ctx, static_cast<const char*>(a.sendbuf), static_cast<char*>(a.recvbuf), so, sl, ro, rl, in_bytes);
 }
 
+namespace {
+double pairwiseCost(double n, int p, const TransportParams& t) { return (p - 1) * t.alpha + (p - 1) * n * t.beta; }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "pairwise", .fn = alltoallPairwise, .cost = pairwiseCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoallv, .name = "pairwise", .fn = alltoallvPairwise, .cost = pairwiseCost});
+
 }  // namespace harp

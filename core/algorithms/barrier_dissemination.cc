@@ -12,4 +12,10 @@ void barrierDissemination(Context& ctx) {
   for (int k = 1; k < p; k <<= 1) ctx.sendrecv((r + k) % p, &token, 0, (r - k + p) % p, &got, 0);
 }
 
+namespace {
+double disseminationCost(double, int p, const TransportParams& t) { return ceilLog2(p) * t.alpha; }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kBarrier, .name = "dissemination", .fn = barrierDissemination, .cost = disseminationCost});
+
 }  // namespace harp

@@ -36,4 +36,10 @@ void broadcastBinomial(Context& ctx) {
   ctx.waitAll(sends);
 }
 
+namespace {
+double binomialCost(double n, int p, const TransportParams& t) { return ceilLog2(p) * (t.alpha + n * t.beta); }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "binomial", .fn = broadcastBinomial, .cost = binomialCost});
+
 }  // namespace harp

@@ -9,6 +9,7 @@
 // bytes per rank alongside the data, one extra latency for ranks that only
 // send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/algorithms/registry.h"
@@ -35,5 +36,16 @@ void broadcastPipeline(Context& ctx) {
   }
   ctx.waitAll(sends);
 }
+
+namespace {
+// s segments of the default HARP_SEGMENT_BYTES (512 KiB).
+double pipelineCost(double n, int p, const TransportParams& t) {
+  if (p == 1) return 0;
+  const double s = std::max(1.0, std::ceil(n / (512 << 10)));
+  return (p - 2 + s) * (t.alpha + n / s * t.beta);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "pipeline", .fn = broadcastPipeline, .cost = pipelineCost});
 
 }  // namespace harp

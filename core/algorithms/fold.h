@@ -47,4 +47,9 @@ inline void out(Context& ctx, const Fold& f, char* out, size_t count) {
   }
 }
 
+// The fold's extra cost for p != 2^k (0 otherwise).
+inline double cost(double n, int p, const TransportParams& t) {
+  return p == floorPow2(p) ? 0 : 2 * t.alpha + 2 * n * t.beta + n * t.gamma;
+}
+
 }  // namespace harp::fold

@@ -29,4 +29,10 @@ void gatherLinear(Context& ctx) {
   ctx.waitAll(reqs);
 }
 
+namespace {
+double linearCost(double n, int p, const TransportParams& t) { return (p - 1) * (t.alpha + n * t.beta); }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kGather, .name = "linear", .fn = gatherLinear, .cost = linearCost});
+
 }  // namespace harp

@@ -17,4 +17,11 @@ void recvDirect(Context& ctx) {
   ctx.wait(ctx.irecv(a.peer, a.recvbuf, a.count * ctx.elemSize()));
 }
 
+namespace {
+double directCost(double n, int, const TransportParams& t) { return t.alpha + n * t.beta; }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kSend, .name = "direct", .fn = sendDirect, .cost = directCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kRecv, .name = "direct", .fn = recvDirect, .cost = directCost});
+
 }  // namespace harp

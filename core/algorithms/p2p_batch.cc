@@ -53,4 +53,10 @@ void p2pBatch(Context& ctx) {
   ctx.waitAll(reqs);
 }
 
+namespace {
+double batchCost(double n, int, const TransportParams& t) { return t.alpha + n * t.beta; }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kP2pBatch, .name = "batch", .fn = p2pBatch, .cost = batchCost});
+
 }  // namespace harp

@@ -36,4 +36,12 @@ void reduceBinomial(Context& ctx) {
   }
 }
 
+namespace {
+double binomialCost(double n, int p, const TransportParams& t) {
+  return ceilLog2(p) * (t.alpha + n * t.beta + n * t.gamma);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kReduce, .name = "binomial", .fn = reduceBinomial, .cost = binomialCost});
+
 }  // namespace harp

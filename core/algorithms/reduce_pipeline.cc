@@ -10,6 +10,7 @@
 // bytes per rank alongside the data, one extra latency for ranks that only
 // send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/algorithms/registry.h"
@@ -48,5 +49,16 @@ void reducePipeline(Context& ctx) {
   }
   ctx.waitAll(sends);
 }
+
+namespace {
+// s segments of the default HARP_SEGMENT_BYTES (512 KiB).
+double pipelineCost(double n, int p, const TransportParams& t) {
+  if (p == 1) return 0;
+  const double s = std::max(1.0, std::ceil(n / (512 << 10)));
+  return (p - 2 + s) * (t.alpha + n / s * (t.beta + t.gamma));
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kReduce, .name = "pipeline", .fn = reducePipeline, .cost = pipelineCost});
 
 }  // namespace harp

@@ -31,4 +31,12 @@ void reduceScatterRing(Context& ctx) {
   }
 }
 
+namespace {
+double ringCost(double n, int p, const TransportParams& t) {
+  return (p - 1) * (t.alpha + n * t.beta + n * t.gamma);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kReduceScatter, .name = "ring", .fn = reduceScatterRing, .cost = ringCost});
+
 }  // namespace harp

@@ -1,53 +1,45 @@
-// core/algorithms/registry.h — every collective algorithm HARP has, by name.
+// core/algorithms/registry.h — the algorithm API and the open registry.
 //
-// One file per algorithm, named <collective>_<algorithm>.cc; each opens with
-// the algorithm's steps, restrictions and alpha-beta-gamma cost (alpha: per
-// message latency, beta: per byte transfer time, gamma: per byte reduction
-// time; n bytes, p ranks). The tuning table (core/tuning.tsv) picks among
-// them; docs/algorithms.md summarizes them.
+// One file per algorithm, named <collective>_<algorithm>.cc (an algorithm that
+// needs one transport's internals lives with that transport, e.g.
+// transport/shm/allreduce_shm.cc). Each opens with the algorithm's steps,
+// restrictions and alpha-beta-gamma cost in prose, and declares itself, next to
+// its code, with one registration statement:
+//
+//   HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "shm", .fn = allreduceShm,
+//                            .restrictions = {.transport = "shm"}, .cost = shmCost,
+//                            .fallback = "ring"});
+//
+// Designated initializers must follow the field order of AlgorithmSpec; every
+// field but coll, name, fn and cost may be left out. Adding an algorithm is
+// that file plus nothing else: core/CMakeLists.txt compiles every
+// core/algorithms/*.cc (a CONFIGURE_DEPENDS glob), the selector (core/select.h)
+// and `harp-config --explain` see it at once, and a tuning-table row may name it.
 //
 // An algorithm is a function of a Context (core/context.h): it reads its
-// arguments from ctx.args() and moves bytes with ctx.isend/irecv/wait. It must
-// work for every rank count >= 1 and every count >= 0, in-place and not.
+// arguments from ctx.args() and moves bytes with ctx.isend/irecv/wait. Within
+// its declared restrictions it must work for every count >= 0, in-place and not.
+//
+// Index: the per-collective number carried in the message tag (4 bits) and the
+// descriptor check is the algorithm's position in its collective's algorithms
+// sorted by name, so every rank that registered the same algorithms agrees
+// without a hand-kept table. Registration happens during static initialisation
+// (library or transport-module load), before any communicator exists; a
+// transport module hosting an algorithm must be loaded on every rank alike.
+//
+// Threading: the registry is filled at load time and read-only afterwards.
 #pragma once
 
-#include <string>
+#include <cstddef>
 
+#include "core/algorithms/algorithm.h"
 #include "core/context.h"
 
 namespace harp {
 
-using AlgorithmFn = void (*)(Context&);
-struct Algorithm {
-  CollType coll;
-  const char* name;
-  AlgorithmFn fn;
-  unsigned index;  // position among its collective's algorithms (in the tag and descriptor check)
-};
-
-const Algorithm* findAlgorithm(CollType c, const std::string& name);
-std::string algorithmList(CollType c);  // "ring, halving_doubling, ..."
-
-// The algorithms (one file each).
+// allreduce_shm's own fallback when the shm transport has no collective area
+// (HARP_SHM_COLL_BYTES=0), which the selector cannot see.
 void allreduceRing(Context&);
-void allreduceHalvingDoubling(Context&);
-void allreduceRecursiveDoubling(Context&);
-void allreduceShm(Context&);  // shm transport only (allreduce_shm.cc)
-void broadcastBinomial(Context&);
-void broadcastPipeline(Context&);
-void reduceBinomial(Context&);
-void reducePipeline(Context&);
-void allgatherRing(Context&);
-void allgatherDirect(Context&);
-void reduceScatterRing(Context&);
-void alltoallPairwise(Context&);
-void alltoallvPairwise(Context&);
-void gatherLinear(Context&);
-void scatterLinear(Context&);
-void barrierDissemination(Context&);
-void sendDirect(Context&);
-void recvDirect(Context&);
-void p2pBatch(Context&);
 
 // Helpers shared by algorithms.
 // Copy n bytes unless src == dst.
@@ -58,5 +50,7 @@ void copyBytes(void* dst, const void* src, size_t n);
 bool aliasesOtherBlock(const char* in, const char* out, int r, int p, size_t blk);
 // Largest power of two <= n.
 int floorPow2(int n);
+// ceil(log2 n) for n >= 1 (0 for n = 1).
+int ceilLog2(int n);
 
 }  // namespace harp

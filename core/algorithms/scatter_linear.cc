@@ -29,4 +29,10 @@ void scatterLinear(Context& ctx) {
   ctx.waitAll(reqs);
 }
 
+namespace {
+double linearCost(double n, int p, const TransportParams& t) { return (p - 1) * (t.alpha + n * t.beta); }
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost});
+
 }  // namespace harp

@@ -15,6 +15,12 @@
     harp-config --params [--json]
                               every HARP_* parameter: type, current value and where it came
                               from (environment / default), scope and doc (core/base/params.def)
+    harp-config --explain COLL SIZE [--ranks P] [--transport T] [--dtype D] [--op OP]
+                              [--in-place] [--algo NAME]
+                              every algorithm of COLL with its restrictions (ok / failed: which),
+                              the cost model's predicted time and the pick with its reason (user,
+                              tuning row, cost model, declared fallback), computed by the same C++
+                              function the communicator uses (core/select.h). SIZE: bytes, 64K, 4M
 
 Only --version works without the compiled library (it never imports harp._harp).
 """
@@ -82,6 +88,50 @@ def _nccl_include(libdir):
     sys.exit(1)
 
 
+def _size(text):
+    """'4M' / '64K' / '1G' / '4096' -> bytes (binary units, as HARP_* sizes)."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "k": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "G": 1 << 30, "GB": 1 << 30}
+    num = text.rstrip("BKkMG")
+    try:
+        value = float(num)
+        mult = units[text[len(num):]]
+    except (ValueError, KeyError):
+        raise SystemExit(f"harp-config: --explain: '{text}' is not a size (use e.g. 4096, 64K, 4M)") from None
+    if value < 0:
+        raise SystemExit(f"harp-config: --explain: size '{text}' is negative")
+    return int(value * mult)
+
+
+def _seconds(s):
+    if s == float("inf"):
+        return "no cost declared"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3f} {unit}"
+    return f"{s * 1e9:.1f} ns"
+
+
+def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_place=False, algo=""):
+    """The algorithm choice for one call, as lines of text (harp-config --explain)."""
+    import harp
+
+    nbytes = _size(size) if isinstance(size, str) else int(size)
+    e = harp._harp.explain(coll, nbytes, ranks, transport, dtype, op, in_place, algo)
+    out = [f"{coll} {nbytes} bytes ({e['count']} x {dtype}), {ranks} ranks, transport {transport}"
+           + (", in place" if in_place else ""),
+           f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us, beta {e['beta'] * 1e9:.3g} ns/byte, "
+           f"gamma {e['gamma'] * 1e9:.3g} ns/byte ({e['params_source']})",
+           f"  {'algorithm':20s} {'restrictions':18s} {'predicted':>12s}  status"]
+    for c in e["candidates"]:
+        status = "ok" if not c["failed"] else "failed: " + c["failed"]
+        if c["fallback"]:
+            status += f" (fallback {c['fallback']})"
+        out.append(f"  {c['name']:20s} {c['restrictions']:18s} {_seconds(c['seconds']):>12s}  {status}")
+    out.append(f"pick: {e['pick']} ({e['reason']})")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="harp-config")
     ap.add_argument("--version", action="version", version=f"harp-config (harp {__version__})")
@@ -92,13 +142,16 @@ def main(argv=None):
     ap.add_argument("--nccl-include", action="store_true", help="print the directory of HARP's nccl.h")
     ap.add_argument("--libdir", action="store_true", help="print the directory holding HARP's libraries")
     ap.add_argument("--params", action="store_true", help="list every HARP_* parameter: value, source, doc (--json too)")
+    _explain_args(ap)
     a = ap.parse_args(argv)
     if a.params:
         return _params.print_params(a.json)
     import harp
 
     libdir = os.path.dirname(os.path.abspath(harp.__file__))
-    if a.libdir:
+    if a.explain:
+        _explain_main(a)
+    elif a.libdir:
         print(libdir)
     elif a.nccl_lib or a.install_libnccl:
         _nccl(libdir, a)
@@ -115,6 +168,28 @@ def main(argv=None):
         print(f"reduction kernels: {harp._harp.reduce_kernel()}")
         for t in transport_table():
             print(_transport_line(t))
+
+
+def _explain_args(ap):
+    ap.add_argument("--explain", nargs=2, metavar=("COLL", "SIZE"),
+                    help="show every algorithm of COLL for SIZE bytes (4M, 64K, 4096) with restrictions, "
+                         "predicted time and the pick")
+    ap.add_argument("--ranks", type=int, default=2, help="--explain: rank count (default 2)")
+    ap.add_argument("--transport", default="tcp", help="--explain: tcp, shm, verbs, dpdk or mixed (default tcp)")
+    ap.add_argument("--dtype", default="float32", help="--explain: element type (default float32)")
+    ap.add_argument("--op", default="sum", help="--explain: reduction op (default sum)")
+    ap.add_argument("--in-place", action="store_true", help="--explain: send buffer == receive buffer")
+    ap.add_argument("--algo", default="", help="--explain: the algorithm a caller asks for (algo=)")
+
+
+def _explain_main(a):
+    import harp
+
+    try:
+        lines = explain(a.explain[0], a.explain[1], a.ranks, a.transport, a.dtype, a.op, a.in_place, a.algo)
+    except harp.HarpError as e:
+        raise SystemExit(f"harp-config: --explain: {e}") from None
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
-// Tuning table parsing and lookup, HARP_ALGO syntax, tags, block partition.
+// Tuning table parsing and lookup, HARP_ALGO syntax, tags, block partition,
+// the algorithm registry, the cost model's calibration and the selector.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "core/algorithms/registry.h"
 #include "core/context.h"
+#include "core/cost.h"
+#include "core/select.h"
 #include "core/tuning.h"
 
 using namespace harp;
@@ -62,8 +68,15 @@ TEST(Tag, RoundTripsTheDescriptor) {
   EXPECT_NE(base, makeTag(5, CollType::kBroadcast, DataType::kInt32, ReduceOp::kSum, 7, 99, 1));
   EXPECT_NE(base, makeTag(5, CollType::kGather, DataType::kFloat32, ReduceOp::kSum, 7, 99, 1));
   // No field spills into another: all-ones in one field leaves the others readable.
-  std::string full = describeTag(makeTag(63, CollType::kReduce, DataType::kFloat32, ReduceOp::kMax, 4095, 0xffffffffull, 3));
-  EXPECT_NE(full.find("reduce(count=4294967295, dtype=float32, op=max, root=4095) #63 algorithm #3"), std::string::npos) << full;
+  std::string full = describeTag(makeTag(15, CollType::kReduce, DataType::kFloat32, ReduceOp::kMax, 4095, 0xffffffffull, 15));
+  EXPECT_NE(full.find("reduce(count=4294967295, dtype=float32, op=max, root=4095) #15 algorithm #15"), std::string::npos) << full;
+  // The algorithm field has 4 bits: every index 0..15 is distinct, and seq stays readable.
+  for (unsigned i = 0; i < 16; ++i)
+    for (unsigned j = 0; j < i; ++j)
+      EXPECT_NE(makeTag(5, CollType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, 0, 9, i),
+                makeTag(5, CollType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, 0, 9, j));
+  EXPECT_NE(describeTag(makeTag(9, CollType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, 0, 9, 12)).find(") #9 algorithm #12"),
+            std::string::npos);
   EXPECT_TRUE(tagIsExact(4095, (1ull << 32) - 1));
   EXPECT_FALSE(tagIsExact(4096, 1));
   EXPECT_FALSE(tagIsExact(0, 1ull << 32));
@@ -90,4 +103,191 @@ TEST(Blocks, PartitionIsExactForAnyCount) {
       EXPECT_EQ(total, count);
       EXPECT_EQ(b.offset(n), count);
     }
+}
+
+// ---- Registry ----------------------------------------------------------------
+
+TEST(Registry, HasNoProblemsAndEveryCollectiveHasAnAlgorithm) {
+  EXPECT_EQ(registryProblems(), "");
+  for (int c = 0; c < kNumCollTypes; ++c) EXPECT_FALSE(algorithmsOf(static_cast<CollType>(c)).empty()) << c;
+}
+
+TEST(Registry, IndexIsThePositionByName) {
+  for (int c = 0; c < kNumCollTypes; ++c) {
+    auto list = algorithmsOf(static_cast<CollType>(c));
+    for (size_t i = 0; i < list.size(); ++i) {
+      EXPECT_EQ(list[i]->index, i);
+      if (i) {
+        EXPECT_LT(std::strcmp(list[i - 1]->name, list[i]->name), 0);
+      }
+      EXPECT_EQ(findAlgorithm(static_cast<CollType>(c), list[i]->name), list[i]);
+    }
+  }
+  EXPECT_EQ(algorithmList(CollType::kAllreduce), "halving_doubling, recursive_doubling, ring, shm");
+  EXPECT_EQ(findAlgorithm(CollType::kAllreduce, "nope"), nullptr);
+}
+
+TEST(Registry, ShmDeclaresItsTransportAndFallback) {
+  const Algorithm* shm = findAlgorithm(CollType::kAllreduce, "shm");
+  ASSERT_NE(shm, nullptr);
+  ASSERT_NE(shm->restrictions.transport, nullptr);
+  EXPECT_STREQ(shm->restrictions.transport, "shm");
+  ASSERT_NE(shm->fallback, nullptr);
+  EXPECT_STREQ(shm->fallback, "ring");
+  EXPECT_EQ(restrictionText(shm->restrictions), "transport shm");
+}
+
+// ---- Calibration ---------------------------------------------------------------
+
+TEST(Calibration, BuiltinHasTcpAndShmAndMixedIsTheLargest) {
+  Calibration c = Calibration::builtin();
+  TransportParams tcp = c.params("tcp"), shm = c.params("shm"), mixed = c.params("mixed");
+  EXPECT_GT(tcp.alpha, shm.alpha);
+  EXPECT_GT(tcp.beta, 0);
+  EXPECT_GT(shm.gamma, 0);
+  EXPECT_EQ(mixed.alpha, std::max(tcp.alpha, shm.alpha));
+  EXPECT_EQ(mixed.beta, std::max(tcp.beta, shm.beta));
+  EXPECT_EQ(c.params("verbs").alpha, tcp.alpha);  // uncalibrated: tcp's line
+  EXPECT_NE(c.sourceOf("verbs").find("tcp"), std::string::npos);
+}
+
+TEST(Calibration, FileLinesReplaceBuiltinOnes) {
+  Calibration c = Calibration::builtin();
+  c.parse("# comment\n tcp 1 2 3 # trailing\nverbs 4e-6 1e-10 0\n", "f");
+  EXPECT_EQ(c.params("tcp").alpha, 1);
+  EXPECT_EQ(c.params("tcp").beta, 2);
+  EXPECT_EQ(c.params("tcp").gamma, 3);
+  EXPECT_EQ(c.params("verbs").alpha, 4e-6);
+  EXPECT_EQ(c.sourceOf("tcp"), "f:2");
+}
+
+TEST(Calibration, RejectsBadLinesNamingThem) {
+  Calibration c;
+  for (const char* bad : {"tcp 1 2\n", "tcp 1 2 3 4\n", "tcp -1 2 3\n", "tcp x 2 3\n", "tcp nan 2 3\n", "tcp 1e999 1 1\n"}) {
+    try {
+      c.parse(bad, "cal.txt");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cal.txt:1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Calibration, GammaIsMeasuredPositive) {
+  double g = measureGamma();
+  EXPECT_GT(g, 0);
+  EXPECT_LT(g, 1e-6);  // a reduction slower than 1 MB/s means a broken measurement
+}
+
+// ---- Selection -----------------------------------------------------------------
+
+namespace {
+SelectQuery query(CollType c, size_t bytes, int ranks, const char* transport) {
+  SelectQuery q;
+  q.coll = c;
+  q.bytes = bytes;
+  q.count = bytes / 4;
+  q.ranks = ranks;
+  q.transport = transport;
+  return q;
+}
+TuningTable table(const std::string& text) {
+  TuningTable t;
+  t.rows = parseTuning(text, "t.tsv");
+  return t;
+}
+}  // namespace
+
+TEST(Select, TuningRowWinsWhereItSpeaks) {
+  Selection s = selectAlgorithm(query(CollType::kAllreduce, 100, 4, "tcp"), table("allreduce * * * ring\n"),
+                                Calibration::builtin(), true);
+  EXPECT_STREQ(s.pick->name, "ring");
+  EXPECT_EQ(s.source, PickSource::kTuning);
+  EXPECT_EQ(s.why, "t.tsv:1");
+  EXPECT_NE(s.reason().find("tuning row t.tsv:1"), std::string::npos) << s.reason();
+  EXPECT_EQ(s.candidates.size(), algorithmsOf(CollType::kAllreduce).size());
+}
+
+TEST(Select, CostModelPicksTheCheapestWhereTheTableIsSilent) {
+  const TuningTable empty;
+  Calibration latency, bandwidth;
+  latency.parse("tcp 1 0 0\n", "lat");     // only messages count: fewest rounds wins
+  bandwidth.parse("tcp 0 1 0\n", "bw");    // only bytes count
+  auto q = query(CollType::kAllreduce, 1 << 20, 8, "tcp");
+  Selection a = selectAlgorithm(q, empty, latency, true);
+  EXPECT_EQ(a.source, PickSource::kCostModel);
+  EXPECT_STREQ(a.pick->name, "recursive_doubling");  // 3 rounds vs 6 (halving-doubling) vs 14 (ring)
+  Selection b = selectAlgorithm(q, empty, bandwidth, true);
+  EXPECT_STRNE(b.pick->name, "recursive_doubling");  // n log p bytes vs 2n(p-1)/p
+  // The pick is the minimum of the reported candidates whose restrictions hold.
+  for (const Selection* s : {&a, &b})
+    for (const Candidate& c : s->candidates)
+      if (c.failed.empty()) {
+        EXPECT_LE(predictedSeconds(*s->pick, q, s->params), c.seconds) << c.algo->name;
+      }
+}
+
+TEST(Select, RestrictedAlgorithmIsReportedAndNeverPicked) {
+  const TuningTable empty;
+  Calibration free_shm = Calibration::builtin();
+  free_shm.parse("tcp 0 0 0\n", "zero");  // shm would cost nothing, but tcp can't run it
+  for (int p : {2, 3, 8}) {
+    Selection s = selectAlgorithm(query(CollType::kAllreduce, 4096, p, "tcp"), empty, free_shm, true);
+    EXPECT_STRNE(s.pick->name, "shm");
+    bool seen = false;
+    for (const Candidate& c : s.candidates)
+      if (std::string(c.algo->name) == "shm") {
+        seen = true;
+        EXPECT_NE(c.failed.find("needs transport shm"), std::string::npos) << c.failed;
+      }
+    EXPECT_TRUE(seen);
+  }
+  Selection on_shm = selectAlgorithm(query(CollType::kAllreduce, 4096, 3, "shm"), table("allreduce shm * * shm\n"),
+                                     Calibration::builtin(), false);
+  EXPECT_STREQ(on_shm.pick->name, "shm");
+}
+
+TEST(Select, UserChoiceThatFailsFallsBackToTheDeclaredFallback) {
+  auto q = query(CollType::kAllreduce, 4096, 3, "tcp");
+  q.user_algo = "shm";
+  Selection s = selectAlgorithm(q, table("allreduce * * * recursive_doubling\n"), Calibration::builtin(), false);
+  EXPECT_STREQ(s.pick->name, "ring");  // shm's declared fallback, not the table's row
+  EXPECT_EQ(s.source, PickSource::kUser);
+  EXPECT_NE(s.reason().find("declared fallback ring"), std::string::npos) << s.reason();
+  EXPECT_NE(s.named_failed.find("transport shm"), std::string::npos);
+  // A tuning row naming a restricted algorithm falls back the same way.
+  Selection t = selectAlgorithm(query(CollType::kAllreduce, 4096, 3, "tcp"), table("allreduce * * * shm\n"),
+                                Calibration::builtin(), false);
+  EXPECT_STREQ(t.pick->name, "ring");
+  EXPECT_EQ(t.source, PickSource::kTuning);
+}
+
+TEST(Select, UnknownNamesListTheKnownOnes) {
+  auto q = query(CollType::kAllreduce, 8, 2, "tcp");
+  q.user_algo = "bogus";
+  try {
+    selectAlgorithm(q, TuningTable{}, Calibration::builtin(), false);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("halving_doubling, recursive_doubling, ring, shm"), std::string::npos);
+  }
+  EXPECT_THROW(selectAlgorithm(query(CollType::kAllreduce, 8, 2, "tcp"), table("allreduce * * * nope\n"),
+                               Calibration::builtin(), false),
+               Error);
+}
+
+TEST(Select, BuiltinTableAndRegistryAgreeEverywhere) {
+  // Every row of the built-in table names a registered algorithm that holds there.
+  TuningTable t = TuningTable::fromEnvironment();
+  Calibration cal = Calibration::builtin();
+  for (int c = 0; c < kNumCollTypes; ++c)
+    for (const char* tr : {"tcp", "shm", "mixed", "verbs"})
+      for (int p : {1, 2, 3, 8})
+        for (size_t b : {0ul, 8ul, 100000ul, 1ul << 30}) {
+          Selection s = selectAlgorithm(query(static_cast<CollType>(c), b, p, tr), t, cal, false);
+          ASSERT_NE(s.pick, nullptr);
+          EXPECT_EQ(failedRestriction(*s.pick, query(static_cast<CollType>(c), b, p, tr)), "");
+          EXPECT_TRUE(s.named_failed.empty()) << collName(static_cast<CollType>(c)) << " " << tr << ": " << s.reason();
+        }
 }

@@ -207,4 +207,14 @@ void allreduceShm(Context& ctx) {
   }
 }
 
+namespace {
+// One copy in, one copy out, (p-1)/p of the reduction, two synchronizations.
+double shmCost(double n, int p, const TransportParams& t) {
+  return 2 * t.alpha + 2 * n * t.beta + (p - 1.0) / p * n * t.gamma;
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "shm", .fn = allreduceShm,
+                         .restrictions = {.transport = "shm"}, .cost = shmCost, .fallback = "ring"});
+
 }  // namespace harp

@@ -1,0 +1,77 @@
+// core/algorithms/algorithm.h — what an algorithm declares about itself, and
+// the registry's lookups (without the Context API, so core/cost.h,
+// core/select.h and core/communicator.h can include it). Algorithm files
+// include core/algorithms/registry.h, which has the whole story.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/base/types.h"
+
+namespace harp {
+
+class Context;
+using AlgorithmFn = void (*)(Context&);
+
+// Measured properties of one transport (core/cost.h): per-message latency
+// alpha (s), per-byte transfer time beta (s/byte), per-byte reduction time
+// gamma (s/byte).
+struct TransportParams {
+  double alpha = 0, beta = 0, gamma = 0;
+};
+
+// Predicted seconds for n bytes (as in the tuning table: count x element size,
+// per rank where the collective is per rank) on p ranks.
+using CostFn = double (*)(double n, int p, const TransportParams& t);
+
+enum class InPlace : uint8_t { kAny, kOnly, kNever };
+
+// When an algorithm may run. The selector (core/select.cc) checks every field
+// and names the first that fails ("power-of-two ranks", "transport shm", ...).
+struct Restrictions {
+  bool pow2_ranks = false;        // rank count a power of two
+  bool commutative_op = false;    // reduction op commutative (every HARP op is today)
+  InPlace in_place = InPlace::kAny;
+  const char* transport = nullptr;  // every peer on this transport (nullptr: any)
+  int min_ranks = 1;
+  int max_ranks = 0;              // 0: no limit
+  size_t max_count = 0;           // elements; 0: no limit
+};
+
+struct AlgorithmSpec {
+  CollType coll = CollType::kAllreduce;
+  const char* name = nullptr;
+  AlgorithmFn fn = nullptr;
+  Restrictions restrictions = {};
+  CostFn cost = nullptr;  // nullptr: never picked by the cost model
+  const char* fallback = nullptr;  // same collective; used when a restriction fails
+};
+
+struct Algorithm : AlgorithmSpec {
+  unsigned index = 0;  // position by name within the collective (tag and descriptor)
+};
+
+// Adds `spec` to the registry (called by HARP_REGISTER_ALGORITHM).
+struct AlgorithmRegistrar {
+  explicit AlgorithmRegistrar(const AlgorithmSpec& spec);
+};
+#define HARP_ALGO_CONCAT2(a, b) a##b
+#define HARP_ALGO_CONCAT(a, b) HARP_ALGO_CONCAT2(a, b)
+#define HARP_REGISTER_ALGORITHM(...)                                                  \
+  static const ::harp::AlgorithmRegistrar HARP_ALGO_CONCAT(harp_algorithm_, __COUNTER__)( \
+      ::harp::AlgorithmSpec __VA_ARGS__)
+
+// Lookups (stable pointers; valid for the life of the process).
+const Algorithm* findAlgorithm(CollType c, std::string_view name);
+std::vector<const Algorithm*> algorithmsOf(CollType c);  // sorted by name = by index
+std::string algorithmList(CollType c);  // "halving_doubling, recursive_doubling, ring, shm"
+// Problems found in the registry as a whole ("" when none): duplicate names,
+// fallbacks naming unknown algorithms or cycles, more than 16 algorithms of one
+// collective, a collective without an unrestricted algorithm. Tests check it.
+std::string registryProblems();
+
+}  // namespace harp
