@@ -31,7 +31,7 @@ from ._compression import Compression  # noqa: F401  (hvd.Compression)
 
 # Horovod's ReduceOp values (horovod/common/basics: AVERAGE=0, SUM=1, ADASUM=2, MIN=3, MAX=4, PRODUCT=5).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_HARP_OP = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+_OP_NAME = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
 _state = {"comm": None, "owned": False}
 _handles: dict = {}
@@ -158,7 +158,7 @@ def _resolve_op(average, op, what):
         op = Average if average is None or average else Sum
     if op == Adasum:
         raise NotImplementedError(f"{what}: Adasum is not provided by harp.horovod")
-    if op not in _HARP_OP:
+    if op not in _OP_NAME:
         raise ValueError(f"{what}: unknown op {op!r} (hvd.Average, Sum, Min, Max, Product)")
     return op
 
@@ -200,7 +200,7 @@ def _allreduce_start(t, out, op, prescale, postscale):
     if prescale != 1.0:
         buf.mul_(prescale)
     arr, dt = _reducible(buf.detach())
-    work = _comm().allreduce(arr, op=_HARP_OP[op], dtype=dt, async_op=True)
+    work = _comm().allreduce(arr, op=_OP_NAME[op], dtype=dt, async_op=True)
 
     def finish():
         if postscale != 1.0:
