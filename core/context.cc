@@ -147,7 +147,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
       for (Request* r : rs)
         if (!r->done()) peers += (peers.empty() ? "" : ", ") + std::to_string(r->peer);
       throw Error(Error::kTimeout, describeTag(tag_) + " on rank " + std::to_string(rank_) + " timed out after " +
-                                       std::to_string(static_cast<int>(timeout_s_)) +
+                                       formatSeconds(timeout_s_) +
                                        " s waiting for rank(s) " + peers +
                                        " (a rank is stuck, dead, or did not call this collective)");
     }

@@ -20,6 +20,7 @@
 #include "core/base/crypto.h"
 #include "core/base/env.h"
 #include "core/base/log.h"
+#include "core/base/socket.h"
 #include "core/base/types.h"
 
 namespace harp::dpdk {
@@ -261,7 +262,7 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
                                         std::to_string(peers_[p].payload + kWireOverhead) +
                                         "-byte ones do not reach it: check the path's MTU or lower HARP_DPDK_MTU)"
                                   : "");
-      throw Error(Error::kTimeout, "HARP dpdk: no handshake within " + std::to_string((int)info_.timeout_s) +
+      throw Error(Error::kTimeout, "HARP dpdk: no handshake within " + formatSeconds(info_.timeout_s) +
                                        " s from " + who +
                                        " (same L2 segment? does the path's MTU carry HARP's full-size frames? "
                                        "same HARP_DPDK_PORT kind? peer process alive?)");

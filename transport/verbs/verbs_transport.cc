@@ -17,6 +17,7 @@
 
 #include "core/base/env.h"
 #include "core/base/log.h"
+#include "core/base/socket.h"
 #include "core/base/types.h"
 #include "transport/verbs/verbs.h"
 
@@ -161,7 +162,7 @@ Pair* VerbsTransport::pair(int peer) {
 }
 
 void VerbsTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long long>(info_.timeout_s * 1000));
+  auto deadline = Deadline::after(info_.timeout_s).at;  // saturates at kForeverS (HARP_TIMEOUT=inf)
   {
     std::lock_guard<std::mutex> g(drive_mu_);
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -200,7 +201,7 @@ void VerbsTransport::connect(const std::vector<int>& peers, const std::vector<st
       std::string who;
       for (int p : waiting) who += (who.empty() ? "" : ", ") + rankName(p);
       throw Error(Error::kTimeout, "verbs: " + who + " did not complete the RDMA handshake within " +
-                                       std::to_string(static_cast<int>(info_.timeout_s)) +
+                                       formatSeconds(info_.timeout_s) +
                                        " s (dead, or unreachable from " + dev_.name + " GID " + gidString(dev_.gid) +
                                        ": check HARP_IB_HCA / HARP_IB_GID_INDEX on both sides)");
     }
