@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.join(HERE, "..", "..", "python")
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.bench import sweep  # noqa: E402
+from harp.bench import check, sweep  # noqa: E402
 from harp.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
@@ -49,8 +49,8 @@ def run_lib(name, lib, hosts, wargs, timeout):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     if r.returncode:
         raise RuntimeError(f"{lib} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
-    with open(wargs["out"]) as f:
-        return json.load(f)
+    # every rank checked its own results and wrote <out>.rank<r> (harp.bench.check); merged here
+    return check.merge(wargs["out"], lib, hosts)
 
 
 def time_of(row):
