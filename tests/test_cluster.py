@@ -224,6 +224,37 @@ def test_slurm_step_without_an_address(cluster, tmp_path):
         assert nodes == f"{cluster['name']}-node[0-2]", res
 
 
+def test_torchrun_inside_srun(cluster, tmp_path):
+    """The usual Slurm + torchrun recipe: one srun task per node starts torchrun (c10d rendezvous at the
+    first node, found with scontrol), torchrun starts 2 ranks; harp.init() and init_process_group("harp")
+    work unmodified (rank from RANK, rendezvous at MASTER_ADDR:MASTER_PORT+1 with HARP_SECRET)."""
+    if slurm.available():
+        pytest.skip(slurm.available())
+    if not HAVE_TORCH:
+        pytest.skip("torch is not installed")
+    prog = tmp_path / "job.py"
+    prog.write_text(JOB)
+    script = tmp_path / "node.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        "unset HARP_ADDR\n"
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+        f'exec "{sys.executable}" -m torch.distributed.run --nnodes "$SLURM_NNODES" --nproc-per-node 2 '
+        '--rdzv-backend c10d --rdzv-endpoint "$head:29400" --rdzv-id "$SLURM_JOB_ID" --max-restarts 0 '
+        f'--no-python "{sys.executable}" "{prog}" ddp\n')
+    script.chmod(0o755)
+    r = _cli("run", "--name", cluster["name"], "--hosts", "3", "--ppn", "1", "--launcher", "slurm",
+             "--timeout", "240", "--", str(script), timeout=360)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = _results(r.stdout, 6)
+    for line in res:
+        rank, size, ok, kinds, host, ddp = line[1:]
+        assert size == "6" and ok == "True" and ddp == "ok", line
+    # c10d orders the nodes by arrival, so which host holds which ranks varies; two ranks per host
+    hosts = sorted(line[5] for line in res)
+    assert hosts == sorted(topo.hostname(cluster["name"], h) for h in range(3) for _ in range(2)), hosts
+
+
 def _failing_job(cluster, tmp_path, cut):
     prog = tmp_path / "fail.py"
     prog.write_text(FAIL_JOB)
