@@ -29,10 +29,15 @@ from . import check
 
 
 def _dpdk_env():
-    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    # the checkout this package sits in (PYTHONPATH=python), else the current directory (an installed
+    # wheel run from a checkout, as .ci/run does)
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))), "tests")
-    if not os.path.exists(os.path.join(tests, "dpdk_env.py")):
-        raise SystemExit("harp-bench --veth needs a HARP source checkout (tests/dpdk_env.py builds the namespaces)")
+    found = [t for t in (here, os.path.join(os.getcwd(), "tests")) if os.path.exists(os.path.join(t, "dpdk_env.py"))]
+    if not found:
+        raise SystemExit("harp-bench --veth needs a HARP source checkout (tests/dpdk_env.py builds the namespaces): "
+                         "run it from the checkout's top folder")
+    tests = found[0]
     sys.path.insert(0, tests)
     import dpdk_env
 
