@@ -41,6 +41,7 @@
 #include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/reduce.h"
+#include "core/base/socket.h"
 #include "transport/shm/shm_transport.h"
 
 namespace harp {
@@ -99,9 +100,7 @@ void allreduceShm(Context& ctx) {
           std::string late;
           for (int q = 0; q < N; ++q)
             if ((only < 0 || q == only) && behind(q)) late += (late.empty() ? "" : ", ") + std::to_string(q);
-          char secs[32];
-          snprintf(secs, sizeof secs, "%g", tmo);
-          return describeTag(tag) + " on rank " + std::to_string(me) + " timed out after " + secs +
+          return describeTag(tag) + " on rank " + std::to_string(me) + " timed out after " + formatSeconds(tmo) +
                  " s waiting for rank(s) " + late + " (" + phase +
                  "; a rank is stuck, dead, or did not call this collective)";
         });
@@ -152,7 +151,7 @@ void allreduceShm(Context& ctx) {
           for (int q = 0; q < N; ++q)
             if (fl[q]->tiny[b].step.load() < s) late += (late.empty() ? "" : ", ") + std::to_string(q);
           return describeTag(tag) + " on rank " + std::to_string(me) + " timed out after " +
-                 std::to_string(static_cast<int>(tmo)) + " s waiting for rank(s) " + late +
+                 formatSeconds(tmo) + " s waiting for rank(s) " + late +
                  " (a rank is stuck, dead, or did not call this collective)";
         });
       for (int q = 0; q < N; ++q) checkDesc(q, fl[q]->tiny[b].desc);
