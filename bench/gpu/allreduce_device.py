@@ -169,18 +169,7 @@ def main():
     t0 = time.monotonic()
     for p in ps:
         p.start()
-    res, deadline = {}, time.monotonic() + a.timeout
-    while len(res) < a.ranks and time.monotonic() < deadline:
-        try:
-            r, st, val = q.get(timeout=1)
-            res[r] = (st, val)
-        except Exception:  # noqa: BLE001
-            if all(not p.is_alive() for p in ps) and q.empty():
-                break
-    for p in ps:
-        p.join(5)
-        if p.is_alive():
-            p.kill()
+    res = dc.collect(ps, q, a.ranks, a.timeout)
     out = {"ranks": a.ranks, "cudart": cudart, "transport": os.environ.get("HARP_TRANSPORT", "(default)"),
            "status": "fail", "allreduce": [], "copy": []}
     errors = []

@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 _SRC = os.path.join(ROOT, "python")
 if os.path.exists(os.path.join(_SRC, "harp", "libharp.so")):  # a dev build; else the installed harp
     sys.path.insert(0, _SRC)
+sys.path.insert(0, os.path.join(ROOT, "tests", "nccl"))
+import device_check  # noqa: E402  (collect: the rank-gathering loop shared with tests/nccl and bench/gpu)
 
 
 def _model(torch, seed=0):
@@ -217,18 +219,7 @@ def main():
     ps = [ctx.Process(target=rank_main, args=(r, a.ranks, url, a.device, a.steps, q)) for r in range(a.ranks)]
     for p in ps:
         p.start()
-    res, deadline = {}, time.monotonic() + a.timeout
-    while len(res) < a.ranks and time.monotonic() < deadline:
-        try:
-            r, st, val = q.get(timeout=1)
-            res[r] = (st, val)
-        except Exception:  # noqa: BLE001  (queue.Empty)
-            if all(not p.is_alive() for p in ps) and q.empty():
-                break
-    for p in ps:
-        p.join(5)
-        if p.is_alive():
-            p.kill()
+    res = device_check.collect(ps, q, a.ranks, a.timeout)
     out["timings_s"]["total"] = round(time.monotonic() - t0, 2)
     if len(res) < a.ranks:
         finish("fail", 1, f"FAILED: ranks {sorted(set(range(a.ranks)) - set(res))} hung or died "

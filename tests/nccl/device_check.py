@@ -309,6 +309,25 @@ def cupy_check(rank, size, uid, q):
         q.put((rank, "error", f"{type(e).__name__}: {e}"))
 
 
+def collect(ps, q, size, timeout):
+    """{rank: (status, value)} from the started processes ps through q, until every rank reported,
+    all died, or timeout seconds passed; then joins them, killing any still alive. Shared by this
+    file, tests/gpu/torch_cuda_check.py and bench/gpu/allreduce_device.py."""
+    res, deadline = {}, time.monotonic() + timeout
+    while len(res) < size and time.monotonic() < deadline:
+        try:
+            r, st, val = q.get(timeout=1)
+            res[r] = (st, val)
+        except Exception:  # noqa: BLE001  (queue.Empty)
+            if all(not p.is_alive() for p in ps) and q.empty():
+                break
+    for p in ps:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    return res
+
+
 def run(target, size, *args, timeout=180):
     ctx = mp.get_context("spawn")
     uid = bytes((b + 256) % 256 for b in load_nccl().get_unique_id())
@@ -316,18 +335,7 @@ def run(target, size, *args, timeout=180):
     ps = [ctx.Process(target=target, args=(r, size, uid, *args, q)) for r in range(size)]
     for p in ps:
         p.start()
-    res, deadline = {}, time.monotonic() + timeout
-    while len(res) < size and time.monotonic() < deadline:
-        try:
-            r, st, val = q.get(timeout=1)
-            res[r] = (st, val)
-        except Exception:  # noqa: BLE001
-            if all(not p.is_alive() for p in ps) and q.empty():
-                break
-    for p in ps:
-        p.join(5)
-        if p.is_alive():
-            p.kill()
+    res = collect(ps, q, size, timeout)
     if len(res) < size:
         raise SystemExit(f"FAILED: ranks {sorted(set(range(size)) - set(res))} hung or died")
     bad = {r: v for r, (st, v) in res.items() if st != "ok"}
