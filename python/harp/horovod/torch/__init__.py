@@ -163,6 +163,20 @@ def _resolve_op(average, op, what):
     return op
 
 
+class _AllOf:
+    """Several HARP works as one (a grouped call's per-dtype allreduces): done when all are."""
+
+    def __init__(self, works):
+        self._works = works
+
+    def test(self):
+        return all(w.test() for w in self._works)
+
+    def wait(self):
+        for w in self._works:
+            w.wait()
+
+
 def _new_handle(work, finish):
     h = next(_next_handle)
     _handles[h] = (work, finish)
@@ -174,7 +188,7 @@ def poll(handle):
     if handle not in _handles:
         raise ValueError(f"unknown or already synchronized handle {handle!r}")
     work = _handles[handle][0]
-    return work is None or work.test()
+    return work.test()
 
 
 def synchronize(handle):
@@ -184,8 +198,7 @@ def synchronize(handle):
     except KeyError:
         raise ValueError(f"unknown or already synchronized handle {handle!r}") from None
     try:
-        if work is not None:
-            work.wait()
+        work.wait()
     except HarpError as e:
         raise HorovodInternalError(str(e)) from e
     return finish()
@@ -262,7 +275,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                 tensors[i].copy_(flat[off:off + n].view_as(tensors[i]))
                 off += n
         return tensors
-    return _new_handle(None, finish)
+    return _new_handle(_AllOf([_handles[h][0] for _, _, h in starts]), finish)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
