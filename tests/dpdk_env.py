@@ -1,20 +1,17 @@
-"""Test fixtures for the DPDK transport: availability, hugepages, and test hosts
-in network namespaces with a control network (IP, for the bootstrap) and a
-separate data network (the interface DPDK's af_packet / af_xdp PMDs take over).
+"""Test fixtures for the DPDK transport: availability, the self-test binary, and
+(re-exported from harp.cluster.veth_hosts, where harp-bench --veth also finds
+them) hugepages and namespace hosts with a control and a data network.
 
     with dpdk_hosts(3, netem=["loss", "2%"]) as hosts:   # hosts[i].ns, .addr, .data
         hosts[0].popen([...], env=...)
-
-Everything made here is removed on exit. Needs root and iproute2.
 """
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
-import subprocess
 
 import harp
+from harp.cluster.veth_hosts import Host, dpdk_hosts, hugepages  # noqa: F401 (re-exported)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,105 +37,6 @@ def selftest_binary() -> str | None:
         if os.path.exists(p):
             return p
     return None
-
-
-def _run(cmd, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
-    return r
-
-
-@contextlib.contextmanager
-def hugepages(pages: int = 400):
-    """Make `pages` 2 MB hugepages free and hugetlbfs mounted for the duration; restore after.
-    Yields None when that is impossible here, with the reason in the exception text."""
-    nr_path = "/proc/sys/vm/nr_hugepages"
-    with open(nr_path) as f:
-        before = int(f.read())
-    mounted_by_us = None
-    have_mount = any(l.split()[2] == "hugetlbfs" for l in open("/proc/mounts"))
-    try:
-        free = int(open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read())
-        if free < pages:
-            with open(nr_path, "w") as f:
-                f.write(str(before + pages - free))
-        free = int(open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read())
-        if free < pages:
-            raise RuntimeError(f"could reserve only {free} of {pages} hugepages")
-        if not have_mount:
-            mounted_by_us = f"/tmp/harp-hugetlbfs-{os.getpid()}"
-            os.makedirs(mounted_by_us, exist_ok=True)
-            _run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "nodev", mounted_by_us])
-        yield
-    finally:
-        if mounted_by_us:
-            subprocess.run(["umount", mounted_by_us], capture_output=True)
-            os.rmdir(mounted_by_us)
-        with open(nr_path, "w") as f:
-            f.write(str(before))
-
-
-class Host:
-    def __init__(self, ns, addr, ctl, data):
-        self.ns, self.addr, self.ctl, self.data = ns, addr, ctl, data
-
-    def cmd(self, argv):
-        return ["ip", "netns", "exec", self.ns] + list(argv)
-
-    def popen(self, argv, **kw):
-        return subprocess.Popen(self.cmd(argv), **kw)
-
-
-@contextlib.contextmanager
-def dpdk_hosts(n: int, netem: list[str] | None = None, data_mtu: int = 1500):
-    """n namespaces, each with a control veth (10.233.k.i/24 on bridge br0) and a data
-    veth without IP (on bridge br1), in a private bridge namespace. netem: `tc netem`
-    arguments applied to the bridge-side egress of every data link (so frames towards
-    every host are lossy/reordered whatever PMD the host uses)."""
-    tag = f"d{os.getpid() % 100000}"
-    k = 10 + os.getpid() % 200
-    br = f"harp-{tag}-br"
-    made, hosts = [], []
-
-    def ip(*args, ns=None):
-        _run((["ip", "netns", "exec", ns] if ns else []) + ["ip", *args])
-
-    try:
-        _run(["ip", "netns", "add", br])
-        made.append(br)
-        for b in ("br0", "br1"):
-            ip("link", "add", b, "type", "bridge", ns=br)
-            ip("link", "set", b, "up", ns=br)
-        ip("link", "set", "br1", "mtu", str(data_mtu), ns=br)
-        for i in range(n):
-            ns = f"harp-{tag}-{i}"
-            _run(["ip", "netns", "add", ns])
-            made.append(ns)
-            for kind, bridge in (("c", "br0"), ("d", "br1")):
-                a, b = f"h{tag}{kind}{i}a"[:15], f"h{tag}{kind}{i}b"[:15]
-                ip("link", "add", a, "type", "veth", "peer", "name", b)
-                ip("link", "set", a, "netns", ns)
-                ip("link", "set", b, "netns", br)
-                if kind == "d":
-                    ip("link", "set", b, "mtu", str(data_mtu), ns=br)
-                    ip("link", "set", a, "mtu", str(data_mtu), ns=ns)
-                ip("link", "set", b, "master", bridge, ns=br)
-                ip("link", "set", b, "up", ns=br)
-                ip("link", "set", a, "up", ns=ns)
-                if kind == "d" and netem:
-                    _run(["ip", "netns", "exec", br, "tc", "qdisc", "add", "dev", b, "root", "netem", *netem])
-            addr = f"10.233.{k}.{i + 1}"
-            ip("addr", "add", f"{addr}/24", "dev", f"h{tag}c{i}a"[:15], ns=ns)
-            ip("link", "set", "lo", "up", ns=ns)
-            # Keep the kernel quiet on the data link (no IPv6 autoconf chatter).
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                            f"net.ipv6.conf.{f'h{tag}d{i}a'[:15]}.disable_ipv6=1"], capture_output=True)
-            hosts.append(Host(ns, addr, f"h{tag}c{i}a"[:15], f"h{tag}d{i}a"[:15]))
-        yield hosts
-    finally:
-        for ns in reversed(made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def leftover_memif_sockets() -> list[str]:

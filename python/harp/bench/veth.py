@@ -5,8 +5,8 @@
 
 N network namespaces (-np, default 2), one rank each, joined by a data veth
 pair through a bridge; the bootstrap store runs on a separate control veth
-(tests/dpdk_env.py, so this mode needs a HARP source checkout, root and a
-build with the dpdk transport). The same data veth carries:
+(harp.cluster.veth_hosts; needs root and a build with the dpdk
+transport). The same data veth carries:
   * harp-dpdk: HARP_TRANSPORT=dpdk, HARP_DPDK_PORT=<pmd>:<data veth> (kernel bypass)
   * harp-tcp:  HARP_TRANSPORT=tcp, HARP_SOCKET_IFNAME=<data veth>     (kernel TCP)
   * gloo (with --compare gloo), GLOO_SOCKET_IFNAME=<data veth>
@@ -26,25 +26,16 @@ import sys
 import tempfile
 
 from . import check
+from ..cluster import veth_hosts
 
 
-def _dpdk_env():
-    # the checkout this package sits in (PYTHONPATH=python), else the current directory (an installed
-    # wheel run from a checkout, as .ci/run does)
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))), "tests")
-    found = [t for t in (here, os.path.join(os.getcwd(), "tests")) if os.path.exists(os.path.join(t, "dpdk_env.py"))]
-    if not found:
-        raise SystemExit("harp-bench --veth needs a HARP source checkout (tests/dpdk_env.py builds the namespaces): "
-                         "run it from the checkout's top folder")
-    tests = found[0]
-    sys.path.insert(0, tests)
-    import dpdk_env
+def _dpdk_unavailable():
+    import harp
 
-    why = dpdk_env.dpdk_unavailable()
-    if why:
-        raise SystemExit(f"harp-bench --veth: the dpdk transport is unavailable: {why}")
-    return dpdk_env
+    for name, _prio, why in harp.transports():
+        if name == "dpdk":
+            return why
+    return "this harp build has no dpdk transport (libdpdk-dev missing at build time)"
 
 
 def _run_all(hosts, argv, env, timeout=900):
@@ -78,13 +69,15 @@ def _keep_best(best, res):
 
 def run(a, tmp, worker_args):
     """{"harp-dpdk", "harp-tcp"[, "gloo"]: merged results}, [failures], packet-rate lines."""
-    dpdk_env = _dpdk_env()
+    why = _dpdk_unavailable()
+    if why:
+        raise SystemExit(f"harp-bench --veth: the dpdk transport is unavailable: {why}")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "MASTER_", "RANK", "WORLD_SIZE"))}
     base["PYTHONPATH"] = os.pathsep.join(sys.path)
     n = a.nranks
     results, failed = {}, []
     secret = os.urandom(16).hex()  # this run's job secret, the same on every rank
-    with dpdk_env.dpdk_hosts(n, data_mtu=a.mtu) as hosts:
+    with veth_hosts.dpdk_hosts(n, data_mtu=a.mtu) as hosts:
         k = hosts[0].addr.split(".")[2]
         for i, h in enumerate(hosts):  # IPs on the data veths for TCP and gloo
             subprocess.run(h.cmd(["ip", "addr", "add", f"10.234.{k}.{i + 1}/24", "dev", h.data]), check=True)
