@@ -34,3 +34,21 @@ def as_array(obj, what: str, writable: bool = False) -> np.ndarray:
 
 def address(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0] if arr.size else 0
+
+
+def torch_cpu_view(t):
+    """(numpy view, harp dtype name or None) of a contiguous CPU torch tensor, sharing its memory.
+
+    numpy has no bfloat16, so a bfloat16 tensor is viewed as int16 and the name
+    "bfloat16" tells the caller to pass dtype="bfloat16"; complex tensors are
+    viewed as pairs of their real type (exact for sum, the only reduction that
+    means anything on complex values). None: the view's own dtype is right.
+    The caller checks device and contiguity (with its own message)."""
+    import torch
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), "bfloat16"
+    if t.dtype.is_complex:
+        return torch.view_as_real(t).numpy(), None
+    return t.numpy(), None

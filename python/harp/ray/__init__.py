@@ -35,6 +35,7 @@ import numpy as np
 
 import harp
 from harp import _params
+from harp._buffers import torch_cpu_view
 from harp.errors import HarpError
 
 KEY_PREFIX = "harp_collective_uid_"
@@ -60,10 +61,7 @@ def _view(t, what):
             raise harp.InvalidArgumentError(f"{what}: tensor on {t.device}; the HARP Ray backend serves CPU tensors")
         if not t.is_contiguous():
             raise harp.InvalidArgumentError(f"{what}: the tensor is not contiguous")
-        t = t.detach()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy(), "bfloat16"
-        return t.numpy(), None
+        return torch_cpu_view(t)
     raise harp.InvalidArgumentError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(t).__name__}")
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import harp
+from harp._buffers import torch_cpu_view
 from harp.errors import HarpError, InvalidArgumentError
 
 from ._compression import Compression  # noqa: F401  (hvd.Compression)
@@ -139,11 +140,7 @@ def _cpu(t, what):
 
 def _reducible(t):
     """(numpy view of contiguous t, harp dtype name or None) for a reduction."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
-    if t.dtype.is_complex:
-        return torch.view_as_real(t).numpy(), None
-    return t.numpy(), None
+    return torch_cpu_view(t)
 
 
 def _raw(t):
