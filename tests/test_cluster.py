@@ -162,24 +162,29 @@ def cluster():
 
 
 def _results(out, n):
-    lines = [l.split() for l in out.splitlines() if l.startswith("RESULT")]
+    # Ray forwards worker output prefixed "(RayTrainWorker pid=.., ip=..) ", and may repeat a line
+    lines = list(dict.fromkeys(l[l.index("RESULT "):] for l in out.splitlines() if "RESULT " in l))
+    lines = [l.split() for l in lines]
     assert len(lines) == n, out
     return sorted(lines, key=lambda l: int(l[1]))
 
 
-@pytest.mark.parametrize("launcher", ["harp", "torchrun", "mpirun", "slurm"])
+@pytest.mark.parametrize("launcher", ["harp", "torchrun", "mpirun", "slurm", "ray"])
 def test_three_hosts_run_the_collectives_and_a_ddp_step(cluster, launcher, tmp_path):
-    if launcher == "torchrun" and not HAVE_TORCH:
+    if launcher in ("torchrun", "ray") and not HAVE_TORCH:
         pytest.skip("torch is not installed")
+    if launcher == "ray":
+        pytest.importorskip("ray.train.torch")
     if launcher == "mpirun" and subprocess.run(["which", "mpirun"], capture_output=True).returncode:
         pytest.skip("Open MPI (mpirun) is not installed")
     if launcher == "slurm" and slurm.available():
         pytest.skip(slurm.available())
     prog = tmp_path / "job.py"
     prog.write_text(JOB)
-    ppn = 2 if launcher in ("harp", "slurm") else 1
+    ppn = 2 if launcher in ("harp", "slurm", "ray") else 1
     r = _cli("run", "--name", cluster["name"], "--hosts", "3", "--ppn", str(ppn), "--launcher", launcher,
-             "--timeout", "180", "--", sys.executable, str(prog), "ddp" if HAVE_TORCH else "no")
+             "--timeout", "400" if launcher == "ray" else "180", "--", sys.executable, str(prog), "ddp" if HAVE_TORCH else "no",
+             timeout=460 if launcher == "ray" else 240)
     assert r.returncode == 0, r.stdout + r.stderr
     res = _results(r.stdout, 3 * ppn)
     for line in res:

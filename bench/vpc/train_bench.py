@@ -32,7 +32,8 @@ def train(name, hosts, backend, launcher, steps, warmup, timeout=900):
            "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
            "--steps", str(steps), "--warmup", str(warmup)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
-    lines = [l for l in r.stdout.splitlines() if l.startswith("TRAIN ")]
+    # Ray forwards worker output with a "(RayTrainWorker pid=..)" prefix
+    lines = [l[l.index("TRAIN {"):] for l in r.stdout.splitlines() if "TRAIN {" in l]
     if r.returncode or not lines:
         raise RuntimeError(f"{backend}/{launcher} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
     rec = json.loads(lines[-1][6:])
@@ -84,7 +85,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--launchers-only", action="store_true")
-    ap.add_argument("--launchers", default="harp,torchrun,mpirun,slurm",
+    ap.add_argument("--launchers", default="harp,torchrun,mpirun,slurm,ray",
                     help="with --launchers-only: the launchers running the harp backend (gloo runs under harp)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

@@ -11,6 +11,11 @@ mpirun:   Open MPI's mpirun started on host 0, reaching the other hosts with an
           rsh agent script that nsenters their namespaces; TCP BTL on eth0.
 slurm:    Slurm's srun on host 0, against a slurmctld on host 0 and one slurmd
           per host that runner.run starts for the job (harp.cluster.slurm).
+ray:      one Ray node per host (`ray start --block`; the head on host 0, each
+          node with its own /tmp/ray as on separate machines and `harp_slot`
+          resources = ranks per host) and, on host 0, the Ray Train driver
+          (harp.cluster.ray_job) running the script in a TorchTrainer with
+          TorchConfig(backend=--backend of the script, default harp).
 Address-based launches (torchrun, mpirun, slurm) get HARP_SECRET, a fresh random
 value per job, as harp.init() needs it there; HARP_ADDR for mpirun and slurm. Under harp
 mpirun and slurm the arena also sets MASTER_ADDR/MASTER_PORT (host 0:29510), as job
@@ -28,10 +33,11 @@ from dataclasses import dataclass
 from . import slurm
 from . import topology as topo
 
-LAUNCHERS = ("harp", "torchrun", "mpirun", "slurm")
+LAUNCHERS = ("harp", "torchrun", "mpirun", "slurm", "ray")
 TORCH_RDZV_PORT = 29400
 HARP_MPI_PORT = 29500
 TORCH_STORE_PORT = 29510
+RAY_PORT = 6379
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Spec:
     argv: list
     env: dict
     what: str
+    daemon: bool = False  # a service of the job (a Ray node): stopped when the other processes end
 
 
 def python_cmd(cmd):
@@ -112,6 +119,46 @@ def _slurm(st, hosts, ppn, cmd, env, job):
     return [Spec(0, slurm.srun_argv(slurm.job_dir(st, job), hosts, ppn, python_cmd(cmd)), e, "srun")]
 
 
+def _script_backend(cmd):
+    for i, arg in enumerate(cmd):
+        if arg == "--backend" and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    return "harp"
+
+
+def _ray(st, hosts, ppn, cmd, env):
+    head = f"{topo.address(st['slot'], 0)}:{RAY_PORT}"
+    # Ray's token authentication with a fresh token per job, given to every node and the driver
+    e = dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+             # the arena's hosts share this machine's cores: Ray's per-node agents start slowly when it is busy
+             RAY_agent_register_timeout_ms="300000",
+             # forward every worker's lines as they are (Ray merges lines that differ only in numbers)
+             RAY_DEDUP_LOGS="0")
+    out = []
+    for h in range(hosts):
+        role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"] if h == 0 else [f"--address={head}"]
+        # the head also hosts Ray Train's controller: one more CPU there, no more harp slots
+        cpus = ppn + (1 if h == 0 else 0)
+        start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+                 f"--node-ip-address={topo.address(st['slot'], h)}", f"--num-cpus={cpus}",
+                 f'--resources={{"harp_slot": {ppn}}}',
+                 # fixed agent ports (each host has its own network namespace): the raylet then does not wait
+                 # for the agents to write their ports to files, a wait that times out on a busy machine
+                 "--metrics-export-port=52360", "--dashboard-agent-listen-port=52361",
+                 "--dashboard-agent-grpc-port=52362", "--runtime-env-agent-port=52363", *role]
+        # Ray keeps sockets and session files under /tmp/ray: a private one per host (its mount namespace)
+        # A node that starts before the head has registered gives up: retry (30 times, 2 s apart).
+        argv = ["/bin/sh", "-c", 'mkdir -p /tmp/ray && mount -t tmpfs -o size=1g harp-ray /tmp/ray || exit 1; n=0; '
+                'until "$@"; do n=$((n + 1)); [ $n -ge 30 ] && exit 1; sleep 2; done', "ray-node", *start]
+        out.append(Spec(h, argv, e, f"ray node on host {h}", daemon=True))
+    driver = [sys.executable, "-m", "harp.cluster.ray_job", f"--address={head}", f"--nodes={hosts}",
+              f"--workers={hosts * ppn}", f"--backend={_script_backend(cmd)}", "--", *python_cmd(cmd)]
+    out.append(Spec(0, driver, e, "Ray Train driver"))
+    return out
+
+
 def plan(st, launcher, hosts, ppn, cmd, base_env, job, uid_hex=None):
     """Specs for one job; base_env already carries the job tag."""
     env = dict(base_env)
@@ -127,6 +174,8 @@ def plan(st, launcher, hosts, ppn, cmd, base_env, job, uid_hex=None):
         return _mpirun(st, hosts, ppn, cmd, env)
     if launcher == "slurm":
         return _slurm(st, hosts, ppn, cmd, env, job)
+    if launcher == "ray":
+        return _ray(st, hosts, ppn, cmd, env)
     raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
 
 

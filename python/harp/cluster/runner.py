@@ -92,14 +92,19 @@ def _store_server(st, env):
     return p, line
 
 
-def _watch(procs, whats, timeout, grace):
+def _watch(procs, whats, timeout, grace, daemons=()):
+    """Exit status of the job: the first non-zero status, once every process that is not a daemon
+    (a service such as a Ray node, in `daemons`) has ended; a daemon that ends early fails the job."""
     status, failed_at, start = 0, None, time.monotonic()
     while True:
         alive = 0
         for p, what in zip(procs, whats):
             rc = p.poll()
             if rc is None:
-                alive += 1
+                alive += p not in daemons
+            elif p in daemons and status == 0:
+                status, failed_at = (rc if rc > 0 else 128 - rc) or 1, time.monotonic()
+                print(f"harp-cluster: {what} ended with status {rc} while the job ran", file=sys.stderr, flush=True)
             elif rc != 0 and status == 0:
                 status, failed_at = (rc if rc > 0 else 128 - rc), time.monotonic()
                 print(f"harp-cluster: {what} exited with status {rc}", file=sys.stderr, flush=True)
@@ -141,7 +146,9 @@ def run(st, launcher, hosts, ppn, cmd, timeout=None, grace=5.0, env=None, reaper
         for s in specs:
             procs.append(subprocess.Popen(nsenter(st["holders"][s.host]) + s.argv, env=s.env,
                                           start_new_session=True, stdin=subprocess.DEVNULL))
-        return _watch(procs[1:] if uid else procs, [s.what for s in specs], timeout, grace)
+        job_procs = procs[1:] if uid else procs
+        daemons = [p for p, s in zip(job_procs, specs) if s.daemon]
+        return _watch(job_procs, [s.what for s in specs], timeout, grace, daemons)
     finally:
         kill_job(job)
         for p in procs:
