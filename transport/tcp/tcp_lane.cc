@@ -50,7 +50,7 @@ bool TcpPair::anyLaneSending() const {
 
 bool TcpPair::wantsIn(size_t i) const {
   const Lane& l = lanes_[i];
-  return !failed_ && !peer_closed_ && !l.eof && !l.stalled;
+  return !failed_ && !l.eof && !l.stalled;
 }
 
 bool TcpPair::wantsOut(size_t i) const { return !failed_ && (lanes_[i].sreq || !sends_.empty()); }
@@ -70,10 +70,11 @@ void TcpPair::isend(Request* r) {
   sends_.push_back({r, send_seq_++, 0, striped});
 }
 
+// After the peer's goodbye a receive may still be posted: its message may
+// be on a lane not read to its end yet (progress fails it once every lane is).
 void TcpPair::irecv(Request* r) {
   r->peer = peer_;
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
-  if (peer_closed_) return r->fail(Request::kPeerFailure, who() + " has already closed its communicator");
   slots_.emplace_back();
   slots_.back().req = r;
   ++recv_next_;
@@ -241,8 +242,10 @@ bool TcpPair::readHeader(size_t i) {
   if (pre) iov[cnt++] = {static_cast<char*>(front->req->buf) + l.pre_len, front->req->len - l.pre_len};
   ssize_t r = ::readv(l.fd, iov, cnt);
   if (r <= 0) {
-    if (r == 0 && i > 0 && l.rhdr_have == 0 && l.pre_len == 0 && !busy()) {
-      l.eof = true;  // an idle side lane closed: lane 0 tells whether the peer said goodbye
+    if (r == 0 && l.rhdr_have == 0 && l.pre_len == 0 && (i > 0 || peer_closed_)) {
+      // A lane ended at a frame boundary: after a goodbye, or a side lane of a
+      // peer that may be closing (lane 0 tells: goodbye, or EOF = died).
+      l.eof = true;
       return false;
     }
     if (!ioError(r, pre ? front->req : nullptr, false)) return false;
@@ -363,9 +366,9 @@ void TcpPair::control(Lane& l) {
     }
   }
   l.rhdr_have = 0;
-  if (h.kind == kBye) {
+  if (h.kind == kBye) {  // nothing follows on lane 0; the other lanes may still hold data
     peer_closed_ = true;
-    if (busy()) peerGone("");
+    l.eof = true;
     return;
   }
   peer_gone_ = true;
@@ -420,13 +423,16 @@ bool TcpPair::progress() {
   if (!sends_.empty() || anyLaneSending()) moved |= progressSend();
   if (failed_) return true;
   if (slots_.empty()) return moved;
+  bool stuck = true, ended = false;  // no lane can bring the posted receives' bytes
   for (size_t i = 0; i < lanes_.size() && !failed_; ++i) {
     Lane& l = lanes_[i];
-    if (l.eof) {
-      peerGone("closed the connection");
-      return true;
-    }
-    moved |= progressRecv(i);
+    if (!l.eof) moved |= progressRecv(i);
+    stuck &= l.eof || l.stalled;
+    ended |= l.eof;
+  }
+  if (!failed_ && stuck && ended && !slots_.empty()) {
+    peerGone("closed the connection");
+    return true;
   }
   return moved;
 }
