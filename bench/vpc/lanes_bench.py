@@ -12,11 +12,13 @@ after one warm-up) for:
 
   harp-1, harp-auto, harp-4, harp-8   HARP_SOCKET_NSTREAMS=1|auto|4|8
   gloo                                torch.distributed gloo (one flow per pair)
-  harp-4-thr, harp-4-thr-equal        4 lanes, one lane of host 0 -> host 1
+  harp-4-thr                          4 lanes, one lane of host 0 -> host 1
                                       throttled to flow-cap/4 (harp-cluster
-                                      throttle), adaptive vs equal striping
-                                      (HARP_SOCKET_STRIPING=equal, the old way)
-  harp-4-equal                        4 lanes, equal striping, no throttle
+                                      throttle) while the job runs
+  old-4, old-4-thr                    the library before issue 16 (--old-python
+                                      DIR: its built python/ folder) with
+                                      HARP_NSOCKS_PERPEER=4, without and with the
+                                      throttled lane (skipped without --old-python)
 
 busbw = 2(n-1)/n x bytes / time; reported as median and min..max over
 repetitions (each repetition's figure is the median of its --iters calls) and
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -49,9 +52,11 @@ CONFIGS = {
     "harp-4": {"HARP_SOCKET_NSTREAMS": "4"},
     "harp-8": {"HARP_SOCKET_NSTREAMS": "8"},
     "gloo": None,
-    "harp-4-equal": {"HARP_SOCKET_NSTREAMS": "4", "HARP_SOCKET_STRIPING": "equal"},
     "harp-4-thr": {"HARP_SOCKET_NSTREAMS": "4"},
-    "harp-4-thr-equal": {"HARP_SOCKET_NSTREAMS": "4", "HARP_SOCKET_STRIPING": "equal"},
+    # the library before lanes (--old-python: its python/ folder, built): equal fixed-size
+    # pieces round-robin, each socket with its own queue
+    "old-4": {"HARP_NSOCKS_PERPEER": "4"},
+    "old-4-thr": {"HARP_NSOCKS_PERPEER": "4"},
 }
 
 
@@ -137,12 +142,14 @@ def class_bytes(st, host, classid):
 
 
 def run_config(st, a, cfg, tmp):
-    env = dict(os.environ, PYTHONPATH=PYDIR, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
-               HARP_TRANSPORT="tcp")
+    env = dict(os.environ, PYTHONPATH=a.old_python if cfg.startswith("old-") else PYDIR, GLOO_SOCKET_IFNAME="eth0",
+               OMP_NUM_THREADS="1", HARP_TRANSPORT="tcp")
     env.update(CONFIGS[cfg] or {})
+    if cfg == "harp-auto":
+        env["HARP_DEBUG"] = "INFO"  # the probe's rates and choice, per pair
     lib = "gloo" if cfg == "gloo" else "harp"
     sync = ""
-    if cfg.endswith(("-thr", "-thr-equal")):
+    if "-thr" in cfg:
         sync = tempfile.mkdtemp(dir=tmp)
     cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.hosts), "--timeout",
            str(a.timeout), "--", sys.executable, os.path.abspath(__file__), "--worker", lib, str(a.bytes),
@@ -163,6 +170,9 @@ def run_config(st, a, cfg, tmp):
         raise RuntimeError(f"{cfg} failed ({p.returncode}): {err[-3000:]}")
     times = json.loads(next(l for l in out.splitlines() if l.startswith("TIMES "))[6:])
     rec = {"times_s": times}
+    if cfg == "harp-auto":
+        rec["auto_kept"] = [int(m) for m in re.findall(r"lane probe .*-> keep (\d+) lane", out + err)]
+        rec["auto_probe"] = [l.split("INFO ", 1)[-1] for l in (out + err).splitlines() if "-> keep" in l]
     if throttled:
         rec["throttled_flow"] = throttled
         rec["throttled_class_bytes"] = class_bytes(st, 0, "1:3") - before
@@ -189,6 +199,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--old-python", help="python/ folder of a built HARP before issue 16 (old-* configs)")
     ap.add_argument("--out", required=False)
     a = ap.parse_args()
     if a.worker:
@@ -207,7 +218,7 @@ def main():
         link = record["link_4flows_MBps"]
         print(f"# link payload rate (4 flows): {link:.1f} MB/s; one flow: {record['one_flow_MBps']:.1f} MB/s",
               flush=True)
-        configs = a.configs.split(",")
+        configs = [c for c in a.configs.split(",") if a.old_python or not c.startswith("old-")]
         for rep in range(a.repeat):
             for cfg in configs:
                 rec = run_config(st, a, cfg, tmp)
@@ -216,7 +227,8 @@ def main():
                 bw = 2 * (a.hosts - 1) / a.hosts * a.bytes / med / 1e6
                 print(f"# rep {rep} {cfg}: median {med:.3f} s busbw {bw:.1f} MB/s ({bw / link:.3f} x link)"
                       + (f" throttled {rec['throttled_flow']} carried {rec['throttled_class_bytes']} B"
-                         if "throttled_flow" in rec else ""), flush=True)
+                         if "throttled_flow" in rec else "")
+                      + (f" auto kept {rec['auto_kept']}" if "auto_kept" in rec else ""), flush=True)
         record["summary"] = summary(record, a, link)
         record["stamp_after"] = stamp()
         if a.out:
@@ -237,7 +249,7 @@ def summary(record, a, link):
         med = statistics.median(bws)
         out[cfg] = {"busbw_MBps": med, "min": min(bws), "max": max(bws), "over_link": med / link}
         print(f"{cfg:>18} {med:11.1f} {min(bws):7.1f}..{max(bws):<7.1f} {med / link:6.3f}")
-    for thr, base in (("harp-4-thr", "harp-4"), ("harp-4-thr-equal", "harp-4-equal")):
+    for thr, base in (("harp-4-thr", "harp-4"), ("old-4-thr", "old-4")):
         if thr in out and base in out:
             out[thr]["over_unthrottled"] = out[thr]["busbw_MBps"] / out[base]["busbw_MBps"]
             print(f"{thr} / {base} = {out[thr]['over_unthrottled']:.3f}")

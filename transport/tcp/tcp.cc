@@ -81,7 +81,6 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   if (bufsize_ > (1u << 30)) throw InvalidArgument("HARP_SOCKET_BUFSIZE must be at most 1G");
   congestion_ = env::str("HARP_TCP_CONGESTION");
   fault_ = env::str("HARP_TCP_FAULT");
-  equal_ = env::str("HARP_SOCKET_STRIPING") == "equal";
   // Listen on the interface chosen by HARP_SOCKET_IFNAME, or the one that
   // reaches the bootstrap root (CommInfo::bind_hint).
   std::string bind = env::str("HARP_SOCKET_ADDR");

@@ -161,7 +161,6 @@ class TcpTransport : public Transport {
   int auto_max_ = 8;       // auto: most lanes probed
   size_t stripe_min_, chunk_, lowat_, bufsize_;
   std::string congestion_;
-  bool equal_ = false;       // HARP_SOCKET_STRIPING=equal
   std::string fault_;        // HARP_TCP_FAULT (test hook), "" normally
   bool fault_done_ = false;
 

@@ -140,13 +140,11 @@ bool TcpPair::ioError(ssize_t r, Request* req, bool sending) {
 // Sending
 
 // Offer the next piece of the oldest message to lane l (not yet committed).
-// HARP_SOCKET_STRIPING=equal (comparison only): piece k may go to lane k % n only.
 bool TcpPair::assign(Lane& l) {
   if (sends_.empty()) return false;
   SendMsg& m = sends_.front();
   Request* r = m.req;
   uint64_t off = m.next_off, len = r->len;
-  if (t_->equal_ && m.striped && &l != &lanes_[(off / t_->chunk_) % lanes_.size()]) return false;
   uint64_t piece = m.striped ? std::min<uint64_t>(t_->chunk_, len - off) : len;
   l.sreq = r;
   l.shdr = FrameHeader{kData, m.striped ? static_cast<uint32_t>(kStriped) : 0u, m.msg, r->tag, len, off};
