@@ -90,6 +90,15 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
       throw InvalidArgument("no network interface matches HARP_SOCKET_IFNAME='" + env::str("HARP_SOCKET_IFNAME") +
                             "' (HARP_SOCKET_FAMILY='" + env::str("HARP_SOCKET_FAMILY") + "')");
     listen_addr_ = itfs[0].addr;
+    for (auto& i : itfs)
+      if (i.addr.family() == itfs[0].addr.family()) rails_.push_back(i.addr);
+    if (rails_.size() > 1 && env::str("HARP_SOCKET_IFNAME").find(',') != std::string::npos) {
+      // Rails (a list such as eth0,eth1): one listener on every interface; the
+      // peers' lane k dials rail k % rails, so lanes spread over the NICs.
+      listen_addr_ = SockAddr::parse(itfs[0].addr.family() == AF_INET6 ? "[::]" : "0.0.0.0", 0);
+    } else {
+      rails_.clear();
+    }
   } else {
     listen_addr_ = SockAddr::parse(bind.empty() ? info.bind_hint : bind, 0);
   }
@@ -97,7 +106,7 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   listen_fd_ = listenOn(listen_addr_);
   // A refused congestion control fails here, on every rank alike, before any peer waits on us.
   if (!congestion_.empty()) setCongestion(listen_fd_, congestion_);
-  HARP_INFO("tcp: rank %d listens for its peers on %s", info.rank, listen_addr_.str().c_str());
+  HARP_INFO("tcp: rank %d listens for its peers on %s", info.rank, localAddress(0).c_str());
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
@@ -110,6 +119,29 @@ TcpTransport::~TcpTransport() {
   pairs_.clear();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+// "addr:port", or with rails "addr0:port,addr1:port,..." (one per interface).
+std::string TcpTransport::localAddress(int) {
+  if (rails_.empty()) return listen_addr_.str();
+  std::string out;
+  for (SockAddr a : rails_) {
+    a.setPort(listen_addr_.port());
+    out += (out.empty() ? "" : ",") + a.str();
+  }
+  return out;
+}
+
+static std::vector<SockAddr> parseRails(const std::string& blob) {
+  std::vector<SockAddr> out;
+  size_t at = 0;
+  while (at <= blob.size() && out.size() < 64) {
+    size_t comma = blob.find(',', at);
+    out.push_back(SockAddr::parse(blob.substr(at, comma == std::string::npos ? std::string::npos : comma - at), 0));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
 }
 
 std::string TcpTransport::rankName(int r) const {
@@ -172,8 +204,11 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
   for (size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i], n = lanesFor(p);
     if (p < info_.rank) {
-      SockAddr a = SockAddr::parse(remote[i], 0);
-      for (int k = 0; k < n; ++k) hs.dial(p, k, a.ss, a.len, a.str());
+      std::vector<SockAddr> rails = parseRails(remote[i]);  // lanes spread over the peer's NICs
+      for (int k = 0; k < n; ++k) {
+        const SockAddr& a = rails[k % rails.size()];
+        hs.dial(p, k, a.ss, a.len, a.str());
+      }
     } else {
       for (int k = 0; k < n; ++k) hs.expect(p, k);
     }

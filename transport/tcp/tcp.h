@@ -138,7 +138,7 @@ class TcpTransport : public Transport {
   TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& peers);
   ~TcpTransport() override;
   const char* name() const override { return "tcp"; }
-  std::string localAddress(int) override { return listen_addr_.str(); }
+  std::string localAddress(int) override;
   void connect(const std::vector<int>& peers, const std::vector<std::string>& remote) override;
   Pair* pair(int peer) override {
     auto it = pairs_.find(peer);
@@ -169,6 +169,7 @@ class TcpTransport : public Transport {
   void doAbort();
   int listen_fd_ = -1;
   SockAddr listen_addr_;
+  std::vector<SockAddr> rails_;  // HARP_SOCKET_IFNAME with several interfaces: one address per NIC
   int wake_fd_ = -1;
   std::map<int, std::unique_ptr<TcpPair>> pairs_;
   std::mutex abort_mu_;
