@@ -263,6 +263,7 @@ def _tx_bytes(ns, dev):
     return int(out.strip())
 
 
+@pytest.mark.slow
 def test_lanes_spread_over_two_nics():
     """HARP_SOCKET_IFNAME=eth0,eth1 with 2 lanes: each NIC of each host carries part of an 8 MB allreduce."""
     from harp.cluster import net, topology as topo

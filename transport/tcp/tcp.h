@@ -8,10 +8,9 @@
 //
 // A pair is one or more lanes (TCP connections) to one peer. Sending: a
 // message below HARP_SOCKET_STRIPE_MIN (or any message on a one-lane pair)
-// travels whole; a larger one is cut into HARP_SOCKET_CHUNK pieces, and each
-// piece goes to the first lane whose socket accepts bytes (TCP_NOTSENT_LOWAT
-// keeps a lane's unsent backlog small, so a slow lane simply takes fewer
-// pieces: adaptive striping, not equal shares). A piece belongs to a lane once
+// travels whole; a larger one is cut into HARP_SOCKET_CHUNK pieces. Each
+// message or piece goes to the free lane with the shortest kernel queue, so a
+// slow lane simply takes fewer (adaptive striping, not equal shares). A piece belongs to a lane once
 // the kernel took its first byte. Receiving: each lane reads a header, finds
 // the posted receive by message number, checks tag, length and the piece's
 // place, and reads the payload straight into the posted buffer. Posting order
@@ -130,7 +129,6 @@ class TcpPair : public Pair {
   std::deque<RecvSlot> slots_;
   uint64_t recv_base_ = 0;   // message number of slots_.front()
   uint64_t recv_next_ = 0;   // message number the next irecv gets
-  size_t rr_ = 0;            // lane the next assignment round starts at
 };
 
 class TcpTransport : public Transport {

@@ -2,11 +2,11 @@
 // frame reading and the checks of tcp_wire.h.
 //
 // Send: isend queues the message (sends_, numbered in posting order).
-// progressSend offers the next piece of the oldest message to each lane in
-// turn; a lane takes it when the kernel accepts at least one byte (with
-// TCP_NOTSENT_LOWAT that means its unsent backlog is small), so pieces flow to
-// whichever lanes drain fastest. A request completes when all its pieces are
-// in the kernel.
+// progressSend lets each lane finish the piece it owns, then offers the next
+// piece of the oldest message to the free lane with the shortest kernel queue
+// (SIOCOUTQ: bytes not yet acknowledged); the piece is that lane's once the
+// kernel accepts its first byte. Pieces thus flow to whichever lanes drain
+// fastest. A request completes when all its pieces are in the kernel.
 //
 // Receive: irecv appends a RecvSlot. Each lane reads a 40-byte header, finds
 // the slot by message number (a lane whose header names a message not yet
@@ -18,6 +18,8 @@
 //
 // One-lane pairs read a frame's header and payload with one readv when the
 // oldest posted receive is untouched (frames arrive in order there).
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -198,30 +200,48 @@ void TcpPair::pieceWritten(Lane& l) {
   if (r->state == Request::kPending && --r->tp_word == 0) r->complete();
 }
 
+// Unacknowledged bytes in a lane's kernel queue (SIOCOUTQ): how far behind it is.
+static int laneQueue(const Lane& l) {
+  int q = 0;
+  if (::ioctl(l.fd, SIOCOUTQ, &q) != 0) return 0;
+  return q;
+}
+
 bool TcpPair::progressSend() {
   bool moved = false;
-  size_t n = lanes_.size();
-  for (size_t k = 0; k < n && !failed_; ++k) {
-    Lane& l = lanes_[(rr_ + k) % n];
-    for (;;) {
-      if (!l.sreq && !assign(l)) break;
-      int w = writeLane(l);
-      if (w < 0) return true;
-      if (w == 0) {
-        if (!l.committed) l.sreq = nullptr;  // not taken: the piece stays for any lane
-        break;
-      }
-      moved = true;
-      if (!l.committed) {  // the kernel took the first byte: the piece is this lane's
-        l.committed = true;
-        SendMsg& m = sends_.front();
-        m.next_off += l.slen;
-        if (m.next_off >= m.req->len) sends_.pop_front();
-        rr_ = (rr_ + 1) % n;
-      }
-      if (l.shdr_done < sizeof(FrameHeader) || l.sdone < l.slen) break;  // socket full
-      pieceWritten(l);
+  // Lanes first finish the pieces they own.
+  for (auto& l : lanes_) {
+    if (!l.sreq || failed_) continue;
+    int w = writeLane(l);
+    if (w < 0) return true;
+    moved |= w > 0;
+    if (l.shdr_done == sizeof(FrameHeader) && l.sdone == l.slen) pieceWritten(l);
+  }
+  // Then each new piece goes to the free lane with the shortest kernel queue:
+  // a slow or capped lane drains slowly, so it is chosen less often.
+  const bool several = lanes_.size() > 1;
+  while (!sends_.empty() && !failed_) {
+    Lane* best = nullptr;
+    int best_q = 0;
+    for (auto& l : lanes_) {
+      if (l.sreq) continue;
+      int q = several ? laneQueue(l) : 0;
+      if (!best || q < best_q) best = &l, best_q = q;
     }
+    if (!best) break;
+    assign(*best);
+    int w = writeLane(*best);
+    if (w < 0) return true;
+    if (w == 0) {  // the emptiest free lane takes nothing now; the piece waits
+      best->sreq = nullptr;
+      break;
+    }
+    moved = true;
+    best->committed = true;  // the kernel took its first byte: the piece is this lane's
+    SendMsg& m = sends_.front();
+    m.next_off += best->slen;
+    if (m.next_off >= m.req->len) sends_.pop_front();
+    if (best->shdr_done == sizeof(FrameHeader) && best->sdone == best->slen) pieceWritten(*best);
   }
   return moved;
 }
