@@ -402,13 +402,12 @@ def test_flow_cap_and_jumbo_mtu_are_configured():
         assert "mtu 9000" in link, link
         classes = subprocess.run(["tc", "-n", ns, "class", "show", "dev", "eth0"], capture_output=True,
                                  text=True).stdout
-        # one class per other host capped at 300 Mbit/s, under the 2 Gbit/s uplink
-        assert classes.count("ceil 300Mbit") == 2 and "rate 2Gbit" in classes, classes
+        # per-TCP-flow cap (issue 16): net.FLOW_BUCKETS classes at 300 Mbit/s under the 2 Gbit/s uplink,
+        # fed by u32 hash tables on the ports
+        assert classes.count("ceil 300Mbit") == net.FLOW_BUCKETS and "rate 2Gbit" in classes, classes
         filters = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", "eth0"], capture_output=True,
                                  text=True).stdout
-        for peer in (1, 2):
-            hexaddr = "".join(f"{int(o):02x}" for o in topo.address(st["slot"], peer).split("."))
-            assert f"match {hexaddr}/ffffffff at 16" in filters, filters
+        assert "link 100:" in filters and "hash mask 000f0000 at 20" in filters, filters
         down_q = subprocess.run(["tc", "-n", topo.switch_ns(name), "qdisc", "show", "dev", "h0n0"],
                                 capture_output=True, text=True).stdout
         assert "tbf" in down_q and "2Gbit" in down_q, down_q

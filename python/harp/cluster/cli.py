@@ -4,6 +4,7 @@
     harp-cluster run --hosts 4 --ppn 1 [--launcher harp|torchrun|mpirun|slurm] [--timeout S] -- CMD ...
     harp-cluster status [--json]
     harp-cluster down [--all]
+    harp-cluster throttle --host H --sport P --dport Q --rate R   (one TCP flow; needs --flow-cap)
 
 `run` uses the cluster `--name` (default "arena") when it is up; otherwise it
 brings up an ephemeral one with the `up` options given and takes it down when
@@ -29,8 +30,9 @@ def _up_opts(ap, hosts_required):
     ap.add_argument("--rate", default="1gbit", help="each host's uplink rate, both directions (default 1gbit)")
     ap.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000])
     ap.add_argument("--nics", type=int, default=1, choices=[1, 2], help="NICs (addresses, bridges) per host")
-    ap.add_argument("--flow-cap", help="cap on traffic from one host to each other host (htb per host pair; "
-                                       "this kernel has no fq, so not per TCP flow)")
+    ap.add_argument("--flow-cap", help="cap on each TCP flow leaving a host (clouds cap single flows): u32 "
+                                       "hashing of the ports into 16 htb classes at this rate under the link "
+                                       "rate; flows with equal (sport^dport)&15 share a class (net.py)")
     ap.add_argument("--congestion", choices=["bbr", "cubic", "reno"], help="TCP congestion control in every host")
 
 
@@ -56,6 +58,11 @@ def parser():
     s.add_argument("--json", action="store_true")
     d = sub.add_parser("down", parents=[common], help="remove the cluster (namespaces, links, qdiscs, processes)")
     d.add_argument("--all", action="store_true", help="every arena cluster on this machine")
+    t = sub.add_parser("throttle", parents=[common], help="cap one TCP flow leaving a host (needs --flow-cap)")
+    t.add_argument("--host", type=int, required=True)
+    t.add_argument("--sport", type=int, required=True, help="the flow's source port (on --host)")
+    t.add_argument("--dport", type=int, required=True)
+    t.add_argument("--rate", required=True)
     rp = sub.add_parser("_reap", parents=[common])
     rp.add_argument("--pid", type=int, required=True)
     rp.add_argument("--job", required=True)
@@ -140,7 +147,7 @@ def main(argv=None):
     _params.warn_unknown()  # misspelt HARP_* variables, once (core/base/params.def)
     if a.verb != "_reap":
         topo.check_name(a.name)
-    if a.verb in ("up", "run", "down") and os.geteuid() != 0:
+    if a.verb in ("up", "run", "down", "throttle") and os.geteuid() != 0:
         print("harp-cluster: needs root (network, UTS and mount namespaces)", file=sys.stderr)
         sys.exit(1)
     if a.verb in ("up", "run"):
@@ -157,6 +164,12 @@ def main(argv=None):
             rc = cmd_status(a)
         elif a.verb == "down":
             rc = cmd_down(a)
+        elif a.verb == "throttle":
+            st = topo.load(a.name)
+            if not st:
+                raise RuntimeError(f"no cluster '{a.name}' is up")
+            net.throttle_flow(st, a.host, a.sport, a.dport, a.rate)
+            rc = 0
         else:
             runner.reap(a.pid, a.job, a.down)
             rc = 0

@@ -6,7 +6,8 @@
 Topology: one switch namespace hc-<name>-br holding bridge br<j> per NIC j;
 host i's namespace hc-<name>-h<i> has eth<j> (10.231.x.(i+1)/24), a veth whose
 peer h<i>n<j> sits on br<j>. Each host's uplink is shaped in both directions by
-shaping egress on both veth ends (tbf; htb when a per-pair cap is asked),
+shaping egress on both veth ends (tbf; on the host side htb with per-TCP-flow
+classes when --flow-cap is asked, see flow_cap_commands),
 since this kernel has no ifb. `up` saves the state file before it creates
 anything, so an interrupted `up` (Ctrl-C, error, kill) is undone by `down`.
 Blocking: every command here has a timeout (CMD_TIMEOUT seconds).
@@ -53,19 +54,67 @@ def _tbf(dev, rate, ns):
     sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", "20ms", ns=ns)
 
 
-def _pair_capped(dev, st, me, nic, ns):
-    """htb on a host's uplink: total `rate`, traffic to each other host capped at `flow_cap`."""
-    rate, cap = st["rate"], st["flow_cap"]
-    sh("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "2", ns=ns)
-    sh("tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, ns=ns)
-    sh("tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:2", "htb", "rate", rate, ns=ns)
-    for p in range(st["hosts"]):
-        if p == me:
-            continue
-        cid = f"1:{p + 10:x}"
-        sh("tc", "class", "add", "dev", dev, "parent", "1:1", "classid", cid, "htb", "rate", cap, "ceil", cap, ns=ns)
-        sh("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip",
-           "dst", topo.address(st["slot"], p, nic) + "/32", "flowid", cid, ns=ns)
+FLOW_BUCKETS = 16  # classes of the per-flow cap; see _flow_capped
+
+
+def _tc_batch(lines, ns):
+    """Run tc commands (one per line, without the leading 'tc') in one process."""
+    r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-batch", "-"], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, timeout=CMD_TIMEOUT)
+    if r.returncode:
+        raise RuntimeError(f"harp-cluster: tc -batch in {ns} failed: {r.stderr.strip()}")
+
+
+def flow_cap_commands(dev, rate, cap):
+    """tc lines for a per-TCP-flow cap on `dev` (issue 16): htb root at the link `rate` (class 1:1);
+    non-TCP and IP-option traffic goes to 1:2 (link rate); each TCP packet is put into one of
+    FLOW_BUCKETS classes 1:10..1:1f, each capped at `cap`, by two u32 hash levels: the low 4 bits
+    of the source port pick a table, the low 4 bits of the destination port a bucket in it, and
+    bucket (s, d) feeds class s XOR d. This kernel has htb and u32 but no fq/sfq-per-flow rate.
+
+    Collisions: two flows whose (sport ^ dport) & 15 are equal share one cap (u32 hashes only
+    masked bits, no full 4-tuple hash). The lanes of one HARP pair share one port (the
+    listener's) and Linux gives consecutive connects to one destination ports 2 apart, so up
+    to 8 lanes of a pair land in 8 different classes; flows of different host pairs leaving one
+    host may collide (each then gets cap/2)."""
+    out = [f"qdisc add dev {dev} root handle 1: htb default 2",
+           f"class add dev {dev} parent 1: classid 1:1 htb rate {rate}",
+           f"class add dev {dev} parent 1:1 classid 1:2 htb rate {rate}"]
+    for c in range(FLOW_BUCKETS):
+        out.append(f"class add dev {dev} parent 1:1 classid 1:{0x10 + c:x} htb rate {cap} ceil {cap}")
+    out.append(f"filter add dev {dev} parent 1: prio 1 handle 100: protocol ip u32 divisor 16")
+    for sp in range(16):
+        out.append(f"filter add dev {dev} parent 1: prio 1 handle {0x200 + sp:x}: protocol ip u32 divisor 16")
+    # TCP without IP options (ports at byte 20): hash on the source port's low nibble
+    out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff "
+               f"match u8 0x05 0x0f at 0 hashkey mask 0x000f0000 at 20 link 100:")
+    for sp in range(16):
+        out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 100:{sp:x}: match u32 0 0 "
+                   f"hashkey mask 0x0000000f at 20 link {0x200 + sp:x}:")
+        for dp in range(16):
+            out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht {0x200 + sp:x}:{dp:x}: "
+                       f"match u32 0 0 flowid 1:{0x10 + ((sp ^ dp) % FLOW_BUCKETS):x}")
+    return out
+
+
+def _flow_capped(dev, st, ns):
+    _tc_batch(flow_cap_commands(dev, st["rate"], st["flow_cap"]), ns)
+
+
+def throttle_flow(st, host, sport, dport, rate, nic=0):
+    """Cap the one TCP flow host:sport -> dport leaving `host` at `rate` (benchmarks: one slow lane).
+    Needs a cluster up with a flow cap (the htb tree); the flow gets its own class 1:3 under the
+    link class, matched before the hash buckets. Idempotent per cluster: one throttled flow."""
+    if not st.get("flow_cap"):
+        raise RuntimeError("harp-cluster throttle: the cluster has no --flow-cap (no htb tree to add to)")
+    parse_rate(rate)
+    ns, dev = topo.host_ns(st["name"], host), f"eth{nic}"
+    sh("tc", "filter", "del", "dev", dev, "parent", "1:", "prio", "0", ns=ns, check=False)
+    sh("tc", "class", "del", "dev", dev, "classid", "1:3", ns=ns, check=False)
+    sh("tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:3", "htb", "rate", rate, "ceil", rate, ns=ns)
+    sh("tc", "filter", "add", "dev", dev, "parent", "1:", "prio", "0", "protocol", "ip", "u32",
+       "match", "ip", "protocol", "6", "0xff", "match", "ip", "sport", int(sport), "0xffff",
+       "match", "ip", "dport", int(dport), "0xffff", "flowid", "1:3", ns=ns)
 
 
 def _link_host(st, i, nic):
@@ -79,7 +128,7 @@ def _link_host(st, i, nic):
     sh("ip", "-n", sw, "link", "set", peer, "up")
     sh("ip", "-n", ns, "link", "set", dev, "up")
     if st["flow_cap"]:
-        _pair_capped(dev, st, i, nic, ns)
+        _flow_capped(dev, st, ns)
     else:
         _tbf(dev, st["rate"], ns)
     _tbf(peer, st["rate"], sw)
