@@ -49,6 +49,7 @@ SubComms& Communicator::subComms() {
   auto s = std::make_unique<SubComms>();
   s->host = topo_.host_of.at(rank_);
   s->local_rank = topo_.local_rank_of.at(rank_);
+  s->topo = &topo_;
   const auto& mine = topo_.ranks_of.at(s->host);
   if (mine.size() > 1)
     s->intra = subCreate("intra" + std::to_string(s->host), s->local_rank, static_cast<int>(mine.size()));

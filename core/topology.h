@@ -67,6 +67,7 @@ struct SubComms {
   std::shared_ptr<Communicator> rail;   // this rank's rail (nullptr: no other host has a rank at its position)
   int local_rank = 0;                   // position on this host (0: the host's leader)
   int host = 0;                         // this rank's host index
+  const Topology* topo = nullptr;       // the owner's host map (rail 0 holds host h at position h)
 };
 
 // One blocking collective on a sub-communicator with the parent's timeout

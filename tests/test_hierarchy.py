@@ -12,8 +12,9 @@ What is checked, against sources independent of the thing checked:
   shared-memory probe;
 - rail and leader allreduce agree with numpy for every dtype and op, odd
   counts, in place and out of place, on 2x2, 2x3 (6 ranks: not a power of two)
-  and uneven hosts; on uneven hosts rail runs its declared fallback (ring)
-  and leader runs itself;
+  and uneven hosts, and rail pipelined in many pieces; on uneven hosts rail
+  runs its declared fallback (ring) and leader runs itself; leader broadcast
+  agrees for roots at every position (leader, non-leader, either host);
 - selection: hierarchical algorithms are never chosen at one rank per host or
   on one host (harp-config --explain and the runtime pick after a real call),
   and where the model says the flat pick is faster it stays.
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 
 import harp
-from collectives_check import Checker
+from collectives_check import Checker, data
 from harness import run_ranks
 
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -129,10 +130,18 @@ def test_rank_in_its_own_namespaces_is_another_host(claim):
 
 # ---------------------------------------------------------------------------- correctness
 
-def _check(rank, size, ids, algos, sizes):
+def _check(rank, size, ids, algos, sizes, env=None):
+    os.environ.update(env or {})
     comm = init_as(rank, ids)
     ch = Checker(comm)
     ch.allreduce(sizes, algos)
+    for root in sorted({0, 1, size - 1, size // 2}):  # broadcast leader: roots on every kind of host position
+        for n in sizes:
+            for dt in (np.dtype(np.int8), np.dtype(np.float64)):
+                want = data(root, n, dt, salt=root)
+                b = want.copy() if rank == root else np.zeros(n, dt)
+                comm.broadcast(b, root, algo="leader")
+                ch.expect(f"broadcast leader {dt} n={n} root={root}", b, want, dt)
     x = np.arange(100003, dtype=np.float32) * (rank + 1)  # several segments, odd count, in place
     comm.allreduce(x, algo=algos[0])
     ok = np.array_equal(x, np.arange(100003, dtype=np.float32) * (size * (size + 1) // 2))
@@ -140,10 +149,15 @@ def _check(rank, size, ids, algos, sizes):
     return ch.failures, ch.calls, ok
 
 
-@pytest.mark.parametrize("layout", [[2, 2], [3, 3], [3, 1], [2, 1]], ids=["2x2", "2x3", "3+1", "2+1"])
-def test_rail_and_leader_match_numpy_for_every_dtype_and_op(layout):
+@pytest.mark.parametrize("layout,seg", [([2, 2], None), ([3, 3], None), ([3, 1], None), ([2, 1], None),
+                                        ([2, 2], "4096")], ids=["2x2", "2x3", "3+1", "2+1", "2x2-pipelined"])
+def test_rail_and_leader_match_numpy_for_every_dtype_and_op(layout, seg):
+    """seg: HARP_SEGMENT_BYTES=4096 makes rail pipeline above 32 KB (pieces of 8 segments), so the
+    20001-element calls and the 100003-element one run many pieces with the rail legs async."""
     size = sum(layout)
-    res = run_ranks(size, _check, hosts_env(layout), ["rail", "leader"], (0, 1, 3, 7, 1031), timeout=300)
+    sizes = (0, 1, 3, 7, 1031) + ((20001,) if seg else ())
+    env = {"HARP_SEGMENT_BYTES": seg} if seg else {}
+    res = run_ranks(size, _check, hosts_env(layout), ["rail", "leader"], sizes, env, timeout=300)
     for failures, calls, big_ok in res:
         assert not failures, failures[:10]
         assert calls > 500 and big_ok

@@ -14,6 +14,11 @@
 //   and a rail allreduce instead (every rail repeats that tiny sum).
 // The legs are the sub-communicators' ordinary collectives (Context::subComms,
 // core/topology.h), so each runs the algorithm its own selector picks.
+// Pipelined above 8 x HARP_SEGMENT_BYTES (4 MB): the main region is cut into
+// pieces of about that size, each reduce-scattered, rail-allreduced and
+// allgathered; piece k's rail allreduce runs on the rail communicator's worker
+// thread (async submit) while this thread reduce-scatters piece k+1 and
+// allgathers piece k-1 over shm, so the shm legs hide behind the network leg.
 //
 // Restrictions: >= 2 hosts, a host with >= 2 ranks, the same rank count on
 // every host (uneven hosts would cut the vector differently per host, so the
@@ -29,12 +34,69 @@
 //   intra: 2(L-1)·a_i + 2f·n·b_i + f·n·c_i
 //   inter: 2(H-1)·a_e + 2g·n·b_e + g·(n/L)·c_e  (L rails share the link)
 //   + 3 leg calls (core/algorithms/hier.h).
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "core/algorithms/hier.h"
 #include "core/algorithms/registry.h"
 #include "core/topology.h"
 
 namespace harp {
 namespace {
+
+// Pieces of the main region (c·L elements), each cut into L blocks: piece k
+// runs reduce_scatter, rail allreduce, allgather. The rail allreduce of piece k
+// runs on the rail communicator's worker thread (an async submit) while this
+// thread reduce-scatters piece k+1 and allgathers piece k-1 over shm.
+constexpr size_t kPieceSegments = 8;  // a piece is 8 x HARP_SEGMENT_BYTES (4 MB by default)
+
+std::shared_ptr<Work> railAsync(Communicator& rail, char* buf, size_t count, const CollArgs& a, ReduceOp op,
+                                double t) {
+  CollArgs r;
+  r.coll = CollType::kAllreduce;
+  r.sendbuf = r.recvbuf = buf;
+  r.count = count;
+  r.dtype = a.dtype;
+  r.op = op;
+  r.opts.timeout_s = t;
+  return rail.submit(std::move(r), true);
+}
+
+void pipelined(Context& ctx, SubComms& s, size_t c, size_t L, ReduceOp op) {
+  const CollArgs& a = ctx.args();
+  const size_t es = ctx.elemSize(), i = static_cast<size_t>(s.local_rank);
+  const double t = ctx.timeout();
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t piece = std::max<size_t>(1, ctx.segmentBytes() * kPieceSegments / es / L);  // block elements
+  const Blocks parts{c, (c + piece - 1) / piece};
+  std::vector<std::shared_ptr<Work>> works(parts.n);
+  auto mine = [&](size_t k) { return out + (L * parts.offset(k) + i * parts.size(k)) * es; };
+  auto gather = [&](size_t k) {
+    works[k]->wait();
+    runOn(*s.intra, CollType::kAllgather, mine(k), out + L * parts.offset(k) * es, parts.size(k), a.dtype, op, 0, t);
+  };
+  try {
+    for (size_t k = 0; k < parts.n; ++k) {
+      const size_t at = L * parts.offset(k) * es;
+      runOn(*s.intra, CollType::kReduceScatter, in + at, mine(k), parts.size(k), a.dtype, op, 0, t);
+      works[k] = railAsync(*s.rail, mine(k), parts.size(k), a, op, t);
+      if (k > 0) gather(k - 1);
+    }
+    gather(parts.n - 1);
+  } catch (...) {
+    // Nothing may still write into the caller's buffer once this returns.
+    s.rail->abort("rail allreduce failed on this rank");
+    for (auto& w : works) {
+      try {
+        if (w) w->wait(t);
+      } catch (...) {  // the error this rank raises is the first one
+      }
+    }
+    throw;
+  }
+}
 
 void allreduceRail(Context& ctx) {
   const CollArgs& a = ctx.args();
@@ -46,7 +108,9 @@ void allreduceRail(Context& ctx) {
   const ReduceOp op = hier::legOp(a.op);
   const size_t L = s.intra ? static_cast<size_t>(s.intra->size()) : 1;
   const size_t c = a.count / L, tail = a.count - c * L, i = s.local_rank;
-  if (c > 0) {
+  if (c > 0 && s.intra && s.rail && c * L * es > ctx.segmentBytes() * kPieceSegments) {
+    pipelined(ctx, s, c, L, op);
+  } else if (c > 0) {
     char* mine = out + i * c * es;
     if (s.intra) runOn(*s.intra, CollType::kReduceScatter, in, mine, c, a.dtype, op, 0, t);
     else copyBytes(mine, in, c * es);
