@@ -261,3 +261,32 @@ def test_hierarchy_is_picked_only_where_the_model_says_it_is_faster(ppn, size, m
     assert pick == best, out
     if pick in hier:
         assert seconds(out, pick) < seconds(out, flat), out
+
+
+# ---------------------------------------------------------------------------- failures
+
+def _dies(rank, size, ids, algo):
+    comm = init_as(rank, ids)
+    x = np.ones(1 << 16, dtype=np.float32)
+    comm.allreduce(x, algo=algo)  # the sub-communicators exist now
+    comm.barrier()
+    if rank == size - 1:
+        os._exit(3)
+    try:
+        for _ in range(3):
+            comm.allreduce(x, algo=algo)
+    except harp.HarpError as e:
+        return type(e).__name__, str(e)[:300]
+    return "no error", ""
+
+
+@pytest.mark.parametrize("algo", ["rail", "leader"])
+def test_a_dead_rank_raises_on_every_rank_not_a_hang(algo):
+    """Rank 3 of 2x2 exits after the legs exist; ranks 0-2 (two of them never talk to it directly in
+    some legs) raise a HARP error well before HARP_TIMEOUT (the harness would report a hang)."""
+    res = run_ranks(4, _dies, hosts_env([2, 2]), algo, env={"HARP_TIMEOUT": "600"}, timeout=150,
+                    allow_errors=True)
+    assert res[3][0] == "died"
+    for rank in range(3):
+        status, (kind, msg) = res[rank]
+        assert status == "ok" and kind in ("PeerError", "MismatchError"), (rank, kind, msg)
