@@ -2,6 +2,10 @@
 
     python3 bench/vpc/hier_bench.py --shapes 2x2,4x2 --rate 1gbit --size 32M --repeat 3 \\
         --out bench/vpc/results/hier.json
+    python3 bench/vpc/hier_bench.py --shapes 2x1,2x2 --sweep 8:32M:8 --repeat 2 --out bench/vpc/results/hier-sweep.json
+
+--sweep: per size, the automatic choice against every forced HARP algorithm
+(ring, recursive_doubling, halving_doubling, rail, leader), auto / best.
 
 Brings up (or reuses) arena cluster --name (default hier) with the most hosts
 of --shapes, measures the link payload rate (single TCP stream, linkrate.py,
@@ -38,7 +42,22 @@ import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 VARIANTS = {"harp-auto": ("harp", None), "harp-ring": ("harp", "ring"), "harp-rail": ("harp", "rail"),
-            "harp-leader": ("harp", "leader"), "gloo": ("gloo", None), "mpi": ("mpi", None)}
+            "harp-leader": ("harp", "leader"), "gloo": ("gloo", None), "mpi": ("mpi", None),
+            "harp-rd": ("harp", "recursive_doubling"), "harp-hd": ("harp", "halving_doubling")}
+CALIBRATION = ""  # --link-calibration: HARP_CALIBRATION_FILE for the HARP runs
+
+
+def link_calibration(path, link_MBps):
+    """A calibration file whose tcp line has the measured link's beta (1 / payload rate); alpha and gamma and
+    the shm line stay built in (core/cost.cc). The built-in tcp line is loopback's (0.42 ns/byte), which
+    makes a 1 Gbit/s link look 20x faster than it is and the shm legs of rail comparatively expensive."""
+    with open(path, "w") as f:
+        f.write(f"# hier_bench.py: tcp beta from the measured link, {link_MBps:.1f} MB/s\n"
+                f"tcp 15e-6 {1 / (link_MBps * 1e6):.4g} 1.0e-10\n")
+    return path
+
+
+SWEEP_VARIANTS = ["harp-auto", "harp-ring", "harp-rd", "harp-hd", "harp-rail", "harp-leader"]
 
 
 def modelled(algo, hosts, ppn):
@@ -51,11 +70,18 @@ def modelled(algo, hosts, ppn):
     return 1.0  # flat ring, ranks of a host adjacent; gloo's and Open MPI's rings alike
 
 
-def run(name, lib, algo, hosts, ppn, size, iters, out, timeout):
-    wargs = arena_bench.worker_args(out, size, size, 2, iters, 1)
+def run(name, lib, algo, hosts, ppn, size, iters, out, timeout, maxbytes=None, factor=2):
+    rows = run_rows(name, lib, algo, hosts, ppn, size, maxbytes or size, factor, iters, out, timeout)
+    return arena_bench.time_of(rows[0]), rows[0].get("algo") or algo or ""
+
+
+def run_rows(name, lib, algo, hosts, ppn, minb, maxb, factor, iters, out, timeout):
+    wargs = arena_bench.worker_args(out, minb, maxb, factor, iters, 2)
     wargs["algo"] = algo
     env = dict(os.environ, PYTHONPATH=os.path.abspath(arena_bench.PYDIR), GLOO_SOCKET_IFNAME="eth0",
                OMP_NUM_THREADS="1")
+    if CALIBRATION:
+        env["HARP_CALIBRATION_FILE"] = CALIBRATION
     cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
            "--launcher", arena_bench.LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m",
            "harp.bench.workers", lib, json.dumps(wargs)]
@@ -63,10 +89,37 @@ def run(name, lib, algo, hosts, ppn, size, iters, out, timeout):
     if r.returncode:
         raise RuntimeError(f"{lib} {algo} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")
     res = check.merge(out, lib, hosts * ppn)
-    row = res["rows"][0]
-    if (row.get("oop_wrong") or 0) + (row.get("ip_wrong") or 0):
-        raise RuntimeError(f"{lib} {algo}: wrong values at {hosts}x{ppn}")
-    return arena_bench.time_of(row), row.get("algo") or algo or ""
+    for row in res["rows"]:
+        if (row.get("oop_wrong") or 0) + (row.get("ip_wrong") or 0):
+            raise RuntimeError(f"{lib} {algo}: wrong values at {hosts}x{ppn}, {row['size']} B")
+    return res["rows"]
+
+
+def sweep_shape(a, hosts, ppn, tmp):
+    """--sweep: every size of MIN:MAX:FACTOR for the automatic choice and each forced HARP algorithm, in one
+    worker run per variant and repetition; per size: median time, the best forced variant, auto / best."""
+    lo, hi, f = a.sweep.split(":")
+    minb, maxb = sweep.parse_size(lo), sweep.parse_size(hi)
+    times, algos = {v: {} for v in SWEEP_VARIANTS}, {}
+    for rep in range(a.repeat):
+        for v in SWEEP_VARIANTS:
+            lib, algo = VARIANTS[v]
+            rows = run_rows(a.name, lib, algo, hosts, ppn, minb, maxb, int(f), a.sweep_iters,
+                            os.path.join(tmp, f"sweep-{v}-{hosts}x{ppn}-{rep}.json"), a.timeout)
+            for r in rows:
+                times[v].setdefault(r["size"], []).append(arena_bench.time_of(r))
+                if v == "harp-auto":
+                    algos[r["size"]] = r.get("algo")
+    out = {}
+    print(f"## sweep {hosts} hosts x {ppn}: median us (auto's pick), best forced, auto / best")
+    for size in sorted(times["harp-auto"]):
+        med = {v: statistics.median(times[v][size]) for v in SWEEP_VARIANTS}
+        best = min((v for v in SWEEP_VARIANTS if v != "harp-auto"), key=lambda v: med[v])
+        out[size] = {"median_us": med, "auto_algo": algos.get(size), "best": best,
+                     "auto_over_best": med["harp-auto"] / med[best], "runs_us": {v: times[v][size] for v in times}}
+        print(f"{size:>10} " + " ".join(f"{v[5:]}={med[v]:.0f}" for v in SWEEP_VARIANTS) +
+              f"  auto={algos.get(size)} best={best[5:]} auto/best={med['harp-auto'] / med[best]:.3f}", flush=True)
+    return out
 
 
 def main():
@@ -79,6 +132,11 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--sweep", default="", help="MIN:MAX:FACTOR, e.g. 8:32M:8: the automatic choice against every "
+                                                 "forced HARP algorithm per size instead of the 32 MB comparison")
+    ap.add_argument("--sweep-iters", type=int, default=10)
+    ap.add_argument("--link-calibration", action="store_true",
+                    help="HARP runs get HARP_CALIBRATION_FILE with tcp's beta from the measured link rate")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -95,7 +153,15 @@ def main():
         link = statistics.median(record["link_MBps"])
         print(f"# link payload rate (single TCP stream): {record['link_MBps']} MB/s, median {link:.1f}", flush=True)
         tmp = tempfile.mkdtemp(prefix="hier-bench-")
+        if a.link_calibration:
+            global CALIBRATION
+            CALIBRATION = link_calibration(os.path.join(tmp, "calibration.txt"), link)
+            record["calibration"] = open(CALIBRATION).read()
+            print("# " + record["calibration"].replace("\n", "\n# "), flush=True)
         for hosts, ppn in shapes:
+            if a.sweep:
+                record.setdefault("sweep", {})[f"{hosts}x{ppn}"] = sweep_shape(a, hosts, ppn, tmp)
+                continue
             runs = {v: [] for v in variants}
             algos = {}
             for rep in range(a.repeat):
