@@ -257,8 +257,13 @@ PYBIND11_MODULE(_harp, m) {
   m.def(
       "explain",
       [](const std::string& coll, size_t bytes, int ranks, const std::string& transport, const std::string& dtype,
-         const std::string& op, bool in_place, const std::string& algo) {
+         const std::string& op, bool in_place, const std::string& algo, int hosts, int min_local, int max_local) {
         SelectQuery q;
+        if (hosts < 1 || min_local < 1 || max_local < min_local)
+          throw InvalidArgument("--hosts and --ppn must be >= 1");
+        q.hosts = hosts;  // Topology (issue 16)
+        q.min_local = min_local;
+        q.max_local = max_local;
         q.coll = parseColl(coll);
         q.bytes = bytes;
         q.count = bytes / dtypeSize(parseDtype(dtype));
@@ -282,7 +287,8 @@ PYBIND11_MODULE(_harp, m) {
                         py::arg("count") = q.count);
       },
       py::arg("coll"), py::arg("bytes"), py::arg("ranks"), py::arg("transport"), py::arg("dtype") = "float32",
-      py::arg("op") = "sum", py::arg("in_place") = false, py::arg("algo") = "");
+      py::arg("op") = "sum", py::arg("in_place") = false, py::arg("algo") = "", py::arg("hosts") = 1,
+      py::arg("min_local") = 1, py::arg("max_local") = 1);
   m.def("registry_problems", &registryProblems);
   m.def("measure_gamma", &measureGamma);
   m.def("transports", [] {
@@ -404,4 +410,21 @@ PYBIND11_MODULE(_harp, m) {
         c.destroy();
       })
       .def_property_readonly("broken", &Communicator::broken);
+
+  // Topology (issue 16): the communicator's host map (core/topology.h), for
+  // harp.topology (python/harp/topology.py).
+  m.def("topology", [](Communicator& c) {
+    const Topology& t = c.topology();
+    py::list hosts, rails;
+    for (size_t h = 0; h < t.ranks_of.size(); ++h) {
+      std::vector<std::string> nics;
+      for (int r : t.ranks_of[h]) nics.push_back(t.nics[r]);
+      hosts.append(py::dict(py::arg("host") = h, py::arg("hostname") = t.hostnames[h], py::arg("key") = t.host_ids[h],
+                            py::arg("ranks") = t.ranks_of[h], py::arg("nics") = nics));
+    }
+    for (int i = 0; i < t.max_local; ++i) rails.append(t.rail(i));
+    return py::dict(py::arg("rank") = c.rank(), py::arg("size") = c.size(), py::arg("hosts") = hosts,
+                    py::arg("host_of") = t.host_of, py::arg("local_rank") = t.local_rank_of,
+                    py::arg("rails") = rails, py::arg("leaders") = t.leaders(), py::arg("text") = t.describe());
+  });
 }

@@ -152,6 +152,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   calibration_ = Calibration::fromEnvironment();
   res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN")));
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
+  res_.owner = this;                       // Topology (issue 16)
+  hier_auto_ = env::flag("HARP_HIER");
 }
 
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
@@ -266,19 +268,23 @@ void Communicator::drawIdentity() {
 // run (returned, by rank).
 std::vector<std::vector<std::string>> Communicator::exchangeHostInfo(const Plan& plan) {
   HostIdentity me = thisHost();
-  std::vector<std::string> mine{me.host_id, me.hostname, std::to_string(me.pid)};
+  std::vector<std::string> mine{me.host_id, me.hostname, std::to_string(me.pid), localNics()};
   for (auto* s : plan.usable) mine.push_back(s->name);
   auto all = storeAllgather(*store_, "info", rank_, size_, pack(mine), timeout_s_);
   peers_.resize(size_);
   std::vector<std::vector<std::string>> avail(size_);
+  std::vector<std::string> nics(size_);
   for (int r = 0; r < size_; ++r) {
     auto v = unpack(all[r]);
+    if (v.size() < 4) throw Error(Error::kInternal, "corrupt bootstrap record of rank " + std::to_string(r));
     peers_[r].rank = r;
     peers_[r].host_id = v.at(0);
     peers_[r].hostname = v.at(1);
     peers_[r].pid = std::stoi(v.at(2));
-    avail[r].assign(v.begin() + 3, v.end());
+    nics[r] = v.at(3);
+    avail[r].assign(v.begin() + 4, v.end());
   }
+  confirmHosts(nics);  // Topology (issue 16): probe the claimed host keys, build topo_
   return avail;
 }
 
@@ -454,7 +460,7 @@ void Communicator::checkBuffers(const CollArgs& a) const {
 }
 
 namespace {
-SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport) {
+SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, const Topology& topo, bool hier) {
   SelectQuery q;
   q.coll = a.coll;
   q.count = a.count;
@@ -464,12 +470,16 @@ SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport) 
   q.in_place = a.sendbuf && a.sendbuf == a.recvbuf;
   q.op = a.op;
   q.user_algo = a.opts.algo;
+  q.hosts = topo.hosts;  // Topology (issue 16)
+  q.min_local = topo.min_local;
+  q.max_local = topo.max_local;
+  q.hier_auto = hier;
   return q;
 }
 }  // namespace
 
 std::string Communicator::chooseAlgorithm(const CollArgs& a) const {
-  return selectAlgorithm(queryOf(a, size_, transport_kind_), tuning_, calibration_, false).pick->name;
+  return selectAlgorithm(queryOf(a, size_, transport_kind_, topo_, hier_auto_), tuning_, calibration_, false).pick->name;
 }
 
 std::string Communicator::lastAlgorithm(CollType c) {
@@ -479,7 +489,7 @@ std::string Communicator::lastAlgorithm(CollType c) {
 }
 
 const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
-  const SelectQuery q = queryOf(a, size_, transport_kind_);
+  const SelectQuery q = queryOf(a, size_, transport_kind_, topo_, hier_auto_);
   const size_t slot = static_cast<size_t>(a.coll);
   const bool memo = a.opts.algo.empty() && slot < std::size(algo_memo_);
   if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == q.bytes && algo_memo_[slot].in_place == q.in_place)
@@ -775,6 +785,7 @@ void Communicator::markBroken(const std::string& why) {
   const std::string notice =
       "after collective #" + std::to_string(done) + ": " + (mismatch ? "collective mismatch: " : "") + why;
   for (auto& t : res_.transports) t->abort(notice);
+  abortSubComms(notice);  // Topology (issue 16): peers waiting in a sub-communicator learn it too
 }
 
 std::string Communicator::brokenReason() {
@@ -796,6 +807,7 @@ void Communicator::destroy() {
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
+  destroySubComms();  // Topology (issue 16)
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
   res_.pair_of.assign(size_, nullptr);

@@ -37,6 +37,7 @@
 #include "core/base/bootstrap.h"
 #include "core/base/store.h"
 #include "core/cost.h"
+#include "core/topology.h"
 #include "core/tuning.h"
 #include "core/base/types.h"
 #include "transport/transport.h"
@@ -100,6 +101,7 @@ struct CommResources {
   size_t segment_bytes = 0;    // HARP_SEGMENT_BYTES: pipelining segment
   std::vector<uint8_t> scratch;        // Context::scratch
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
+  Communicator* owner = nullptr;       // Topology (issue 16): Context::subComms asks it
 };
 
 class Work {
@@ -235,6 +237,26 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   };
   AlgoMemo algo_memo_[32];
   const struct Algorithm* algorithmFor(const CollArgs& a);
+
+  // Topology (issue 16): the host map and the sub-communicators of the
+  // hierarchical algorithms (core/topology.h; core/communicator_topology.cc).
+ public:
+  // Which ranks share a host (confirmed keys; the same on every rank).
+  const Topology& topology() const { return topo_; }
+  // The intra-host and rail communicators, created collectively on the first
+  // call. Only for algorithms running a collective of this communicator
+  // (Context::subComms): every rank runs that collective, so every rank gets here.
+  SubComms& subComms();
+
+ private:
+  void confirmHosts(const std::vector<std::string>& nics);
+  std::shared_ptr<Communicator> subCreate(const std::string& name, int rank, int size);
+  void abortSubComms(const std::string& notice);
+  void destroySubComms();
+  Topology topo_;
+  bool hier_auto_ = true;               // HARP_HIER
+  std::mutex subs_mu_;                  // subs_ against abort() from other threads
+  std::unique_ptr<SubComms> subs_;      // nullptr until the first hierarchical collective
 };
 
 }  // namespace harp

@@ -220,4 +220,10 @@ void Context::finishCheck() {
   waitAll(check_sends_);
 }
 
+// Topology (issue 16)
+SubComms& Context::subComms() {
+  if (!res_.owner) throw Error(Error::kInternal, "this collective has no communicator to make sub-communicators of");
+  return res_.owner->subComms();
+}
+
 }  // namespace harp

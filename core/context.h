@@ -74,6 +74,11 @@ class Context {
   uint64_t tag() const { return tag_; }
   double timeout() const { return timeout_s_; }
 
+  // Topology (issue 16): the intra-host and rail sub-communicators of this
+  // collective's communicator (core/topology.h), created collectively on the
+  // first call. Hierarchical algorithms run their legs on them.
+  SubComms& subComms();
+
   // Exact descriptor check (see the top of this file).
   void startCheck(const Descriptor& mine);
   void finishCheck();

@@ -1,6 +1,9 @@
 #include "core/select.h"
 
+#include "core/base/env.h"
+
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace harp {
@@ -36,11 +39,33 @@ const Algorithm* cheapest(const SelectQuery& q, const TransportParams& t) {
   const Algorithm* best = nullptr;
   double best_s = std::numeric_limits<double>::infinity();
   for (const Algorithm* a : algorithmsOf(q.coll)) {
-    if (!failedRestriction(*a, q).empty()) continue;
+    if (!failedRestriction(*a, q).empty() || a->hier_cost) continue;  // hierarchy: preferHierarchy
     double s = predictedSeconds(*a, q, t);
     if (!best || s < best_s) best = a, best_s = s;  // ties: the first by name
   }
   return best;
+}
+
+// Step 5 of core/select.h: a hierarchical algorithm replaces the flat pick
+// only where the model predicts it faster. Runs only when the query could
+// allow one (several hosts, a host with several ranks).
+void preferHierarchy(const SelectQuery& q, Selection& s) {
+  if (!q.hier_auto || q.hosts < 2 || q.max_local < 2 || s.pick->hier_cost) return;
+  const double flat = predictedSeconds(*s.pick, q, s.params);
+  const Algorithm* best = nullptr;
+  double best_s = flat;
+  for (const Algorithm* a : algorithmsOf(q.coll)) {
+    if (!a->hier_cost || !failedRestriction(*a, q).empty()) continue;
+    double t = predictedSeconds(*a, q, s.params);
+    if (t < best_s) best = a, best_s = t;
+  }
+  if (!best) return;
+  s.hier_over = s.pick;
+  s.hier_over_source = s.source;
+  s.hier_over_s = flat;
+  s.hier_s = best_s;
+  s.pick = best;
+  s.source = PickSource::kCostModel;
 }
 
 [[noreturn]] void nothingFits(const SelectQuery& q, const std::string& start) {
@@ -67,6 +92,14 @@ std::string failedRestriction(const Algorithm& a, const SelectQuery& q) {
     return std::string("needs a commutative op (") + opName(q.op) + ")";
   if (r.in_place == InPlace::kOnly && !q.in_place) return "in-place only (send and receive buffers differ)";
   if (r.in_place == InPlace::kNever && q.in_place) return "out-of-place only (send buffer == receive buffer)";
+  if (q.hosts < r.min_hosts)
+    return "needs at least " + std::to_string(r.min_hosts) + " hosts (" + std::to_string(q.hosts) + ")";
+  if (q.max_local < r.min_local_ranks)
+    return "needs a host with at least " + std::to_string(r.min_local_ranks) + " ranks (at most " +
+           std::to_string(q.max_local) + " per host)";
+  if (r.uniform_hosts && q.min_local != q.max_local)
+    return "needs the same rank count on every host (" + std::to_string(q.min_local) + " to " +
+           std::to_string(q.max_local) + ")";
   return "";
 }
 
@@ -81,10 +114,19 @@ std::string restrictionText(const Restrictions& r) {
   if (r.commutative_op) add("commutative op");
   if (r.in_place == InPlace::kOnly) add("in-place only");
   if (r.in_place == InPlace::kNever) add("out-of-place only");
+  if (r.min_hosts > 1) add(">= " + std::to_string(r.min_hosts) + " hosts");
+  if (r.min_local_ranks > 1) add("a host with >= " + std::to_string(r.min_local_ranks) + " ranks");
+  if (r.uniform_hosts) add("equal hosts");
   return out.empty() ? "any" : out;
 }
 
 double predictedSeconds(const Algorithm& a, const SelectQuery& q, const TransportParams& t) {
+  if (a.hier_cost) {
+    HierShape s;
+    s.hosts = q.hosts;
+    s.local = q.max_local;
+    return a.hier_cost(static_cast<double>(q.bytes), s, q.intra, q.inter);
+  }
   if (!a.cost) return std::numeric_limits<double>::infinity();
   return a.cost(static_cast<double>(q.bytes), q.ranks, t);
 }
@@ -99,6 +141,12 @@ const char* pickSourceName(PickSource s) {
 
 std::string Selection::reason() const {
   std::string out;
+  if (hier_over) {
+    char b[160];
+    snprintf(b, sizeof b, "cost model: hierarchical %s predicted %.3g s < %.3g s of the flat pick %s (%s)", pick->name,
+             hier_s, hier_over_s, hier_over->name, pickSourceName(hier_over_source));
+    return b;
+  }
   if (source == PickSource::kCostModel) out = "cost model: cheapest candidate whose restrictions hold";
   else out = std::string(source == PickSource::kUser ? "user (" : "tuning row ") + why +
              (source == PickSource::kUser ? ")" : "") + " names " + named->name;
@@ -106,7 +154,10 @@ std::string Selection::reason() const {
   return out;
 }
 
-Selection selectAlgorithm(const SelectQuery& q, const TuningTable& table, const Calibration& cal, bool explain) {
+Selection selectAlgorithm(const SelectQuery& query, const TuningTable& table, const Calibration& cal, bool explain) {
+  SelectQuery q = query;
+  q.intra = cal.params("shm");
+  q.inter = cal.params("tcp");
   Selection s;
   s.params = cal.params(std::string(q.transport));
   if (!q.user_algo.empty()) {
@@ -126,6 +177,7 @@ Selection selectAlgorithm(const SelectQuery& q, const TuningTable& table, const 
     s.pick = cheapest(q, s.params);
     if (!s.pick) nothingFits(q, "");
   }
+  if (s.source != PickSource::kUser) preferHierarchy(q, s);
   if (explain) {
     s.params_source = cal.sourceOf(std::string(q.transport));
     for (const Algorithm* a : algorithmsOf(q.coll))
@@ -134,7 +186,9 @@ Selection selectAlgorithm(const SelectQuery& q, const TuningTable& table, const 
   return s;
 }
 
-Selection explainAlgorithm(const SelectQuery& q) {
+Selection explainAlgorithm(const SelectQuery& query) {
+  SelectQuery q = query;
+  q.hier_auto = env::flag("HARP_HIER");  // as the communicator reads it
   return selectAlgorithm(q, TuningTable::fromEnvironment(), Calibration::fromEnvironment(), true);
 }
 

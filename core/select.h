@@ -9,6 +9,14 @@
 //              costs evaluated with the transport's Calibration (core/cost.h);
 //   4. fallback: an algorithm named by 1 or 2 whose restrictions fail is
 //              replaced by its declared fallback (followed until one holds).
+//   5. hierarchy (issue 16): where 2 or 3 picked a flat algorithm and the
+//              communicator spans several hosts with several ranks on one,
+//              the cheapest applicable hierarchical algorithm (HierCostFn,
+//              intra = shm's line, inter = tcp's) replaces it only if the
+//              model predicts it faster than that flat pick (HARP_HIER=0:
+//              never). The inputs are the host map and the calibration, the
+//              same on every rank, so every rank decides alike. The tuning
+//              table's flat rows keep deciding among flat algorithms.
 // A user choice that fails a restriction falls back like a table row (MPICH's
 // default, MPIR_CVAR_COLLECTIVE_FALLBACK=silent, and NCCL's for NCCL_ALGO),
 // and the communicator logs the reason once at WARN level; --explain shows it.
@@ -46,6 +54,13 @@ struct SelectQuery {
   bool in_place = false;
   ReduceOp op = ReduceOp::kSum;
   std::string_view user_algo;    // CollOptions::algo; empty: none
+  // Topology (issue 16): the host map, the same on every rank (core/topology.h).
+  int hosts = 1;
+  int min_local = 1, max_local = 1;  // ranks on the smallest / largest host
+  bool hier_auto = true;             // HARP_HIER: the selector may pick hierarchical algorithms itself
+  // Parameters of the legs inside / between hosts for HierCostFn; selectAlgorithm
+  // fills them from the calibration (shm's and tcp's lines).
+  TransportParams intra, inter;
 };
 
 // "" when every restriction of `a` holds for `q`; else the one that fails,
@@ -75,6 +90,11 @@ struct Selection {
   std::vector<Candidate> candidates;
   TransportParams params;
   std::string params_source;
+  // Topology (issue 16): the flat pick a hierarchical algorithm replaced
+  // (nullptr: none), where that pick came from, and both predictions.
+  const Algorithm* hier_over = nullptr;
+  PickSource hier_over_source = PickSource::kCostModel;
+  double hier_over_s = 0, hier_s = 0;
   // One line: "tuning row core/tuning.tsv:12 picks ring", "... fails X; fallback ring".
   std::string reason() const;
 };

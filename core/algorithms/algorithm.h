@@ -28,6 +28,16 @@ struct TransportParams {
 // per rank where the collective is per rank) on p ranks.
 using CostFn = double (*)(double n, int p, const TransportParams& t);
 
+// Hierarchical algorithms (issue 16) are costed with the shape of the
+// communicator and two parameter sets: `intra` for the legs inside a host
+// (shm's calibration line) and `inter` for the legs between hosts (tcp's).
+// hosts: host count; local: ranks on the largest host. One NIC per host is
+// assumed: legs running concurrently on one host share its link.
+struct HierShape {
+  int hosts = 1, local = 1;
+};
+using HierCostFn = double (*)(double n, const HierShape& s, const TransportParams& intra, const TransportParams& inter);
+
 enum class InPlace : uint8_t { kAny, kOnly, kNever };
 
 // When an algorithm may run. The selector (core/select.cc) checks every field
@@ -40,6 +50,10 @@ struct Restrictions {
   int min_ranks = 1;
   int max_ranks = 0;              // 0: no limit
   size_t max_count = 0;           // elements; 0: no limit
+  // Topology (issue 16), from the communicator's host map (core/topology.h).
+  int min_hosts = 1;              // hosts at least
+  int min_local_ranks = 1;        // ranks on the largest host at least
+  bool uniform_hosts = false;     // every host has the same number of ranks
 };
 
 struct AlgorithmSpec {
@@ -49,6 +63,7 @@ struct AlgorithmSpec {
   Restrictions restrictions = {};
   CostFn cost = nullptr;  // nullptr: never picked by the cost model
   const char* fallback = nullptr;  // same collective; used when a restriction fails
+  HierCostFn hier_cost = nullptr;  // hierarchical algorithms: used instead of `cost` (issue 16)
 };
 
 struct Algorithm : AlgorithmSpec {

@@ -66,7 +66,7 @@ std::string algorithmList(CollType c) {
 namespace {
 bool unrestricted(const Restrictions& r) {
   return !r.pow2_ranks && !r.commutative_op && r.in_place == InPlace::kAny && !r.transport && r.min_ranks <= 1 &&
-         r.max_ranks == 0 && r.max_count == 0;
+         r.max_ranks == 0 && r.max_count == 0 && r.min_hosts <= 1 && r.min_local_ranks <= 1 && !r.uniform_hosts;
 }
 
 // Follows a's fallback chain; "" when it ends at an algorithm without one.

@@ -1,9 +1,12 @@
 #include "core/base/bootstrap.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -209,21 +212,100 @@ int storeServersRunning() {
   return n;
 }
 
+namespace {
+std::string nsInode(const char* ns) {
+  struct stat st{};
+  std::string path = std::string("/proc/self/ns/") + ns;
+  return stat(path.c_str(), &st) == 0 ? std::string(ns) + std::to_string(st.st_ino) : std::string(ns) + "?";
+}
+}  // namespace
+
 HostIdentity thisHost() {
   HostIdentity h;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string boot;
   std::getline(f, boot);
-  struct stat st{};
-  std::string ns;
-  if (stat("/proc/self/ns/net", &st) == 0) ns += "net" + std::to_string(st.st_ino);
-  if (stat("/proc/self/ns/ipc", &st) == 0) ns += "ipc" + std::to_string(st.st_ino);
   char host[256] = "";
   gethostname(host, sizeof host - 1);
   h.hostname = host;
-  h.host_id = (boot.empty() ? h.hostname : boot) + "/" + ns;
+  if (env::has("HARP_HOSTID")) {
+    h.host_id = "hostid:" + env::str("HARP_HOSTID");
+  } else {
+    h.host_id = (boot.empty() ? h.hostname : boot) + "/" + nsInode("net") + nsInode("ipc") + nsInode("mnt");
+  }
   h.pid = static_cast<int>(getpid());
   return h;
+}
+
+namespace {
+// The probe object: /dev/shm/<name>, 32 bytes of nonce. Owner side.
+std::string createProbe(std::string* nonce) {
+  *nonce = randomBytes(32);
+  static const char* d = "0123456789abcdef";
+  std::string name = "/harp-probe-";
+  for (unsigned char c : randomBytes(8)) name += d[c >> 4], name += d[c & 15];
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw ErrnoError("shm_open(" + name + ") for the host probe", errno);
+  ssize_t w = write(fd, nonce->data(), nonce->size());
+  int err = errno;
+  close(fd);
+  if (w != static_cast<ssize_t>(nonce->size())) {
+    shm_unlink(name.c_str());
+    throw ErrnoError("writing the host probe " + name, w < 0 ? err : EIO);
+  }
+  return name;
+}
+
+// Reader side: "" when the object holds `nonce`, else why not.
+std::string readProbe(const std::string& name, const std::string& nonce) {
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos) return "bad probe name";
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return std::string("cannot open ") + name + ": " + std::strerror(errno);
+  char buf[32];
+  ssize_t r = read(fd, buf, sizeof buf);
+  close(fd);
+  if (r != 32 || nonce.size() != 32 || std::memcmp(buf, nonce.data(), 32) != 0) return name + " holds other bytes";
+  return "";
+}
+}  // namespace
+
+std::vector<std::string> confirmHostIds(Store& store, const std::string& prefix, int rank,
+                                        const std::vector<std::string>& claimed, double timeout_s) {
+  const int size = static_cast<int>(claimed.size());
+  int lowest = rank, members = 0;
+  for (int r = 0; r < size; ++r)
+    if (claimed[r] == claimed[rank]) lowest = std::min(lowest, r), ++members;
+  std::string mine = claimed[rank], probe_name;
+  if (members > 1 && lowest == rank) {
+    std::string nonce, rec = "|";  // "|": no probe (the others then count as other hosts)
+    try {
+      probe_name = createProbe(&nonce);
+      rec = probe_name + "|" + nonce;
+    } catch (const Error& e) {
+      HARP_WARN("rank %d cannot create the host probe (%s): ranks claiming host '%s' count as separate hosts", rank,
+                e.what(), claimed[rank].c_str());
+    }
+    store.set(prefix + "probe/" + std::to_string(rank), rec);
+  } else if (members > 1) {
+    std::string v = rendezvousGet(store, prefix + "probe/" + std::to_string(lowest), timeout_s);
+    size_t bar = v.find('|');
+    std::string why = bar == std::string::npos ? "malformed probe record"
+                                                : readProbe(v.substr(0, bar), v.substr(bar + 1));
+    if (!why.empty()) {
+      HARP_WARN("rank %d claims host '%s' with rank %d but its shared-memory probe fails (%s): treated as another host",
+                rank, claimed[rank].c_str(), lowest, why.c_str());
+      mine += "/probe-failed/r" + std::to_string(rank);
+    }
+  }
+  std::vector<std::string> out;
+  try {
+    out = storeAllgather(store, prefix + "hostok", rank, size, mine, timeout_s);
+  } catch (...) {
+    if (!probe_name.empty()) shm_unlink(probe_name.c_str());
+    throw;
+  }
+  if (!probe_name.empty()) shm_unlink(probe_name.c_str());
+  return out;
 }
 
 std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,

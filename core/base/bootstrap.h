@@ -54,12 +54,36 @@ std::string randomBytes(size_t n);
 uint64_t hash64(const std::string& s, uint64_t seed = 0);
 
 // Facts about this process that peers need to pick a transport.
+//
+// host_id is the claim "ranks with equal keys share memory": the kernel's boot
+// id together with the inodes of this process's network, IPC and mount
+// namespaces (/proc/self/ns/*), so two containers or two `harp-cluster` hosts
+// on one kernel differ (their /dev/shm and SysV IPC differ) while processes of
+// one container agree. HARP_HOSTID=KEY replaces the whole key ("hostid:KEY"):
+// tests fake several hosts on one machine with it, and sites whose namespaces
+// are arranged otherwise state the truth. A claim is only a claim:
+// confirmHostIds() checks it with a shared-memory probe before a transport
+// relies on it.
 struct HostIdentity {
-  std::string host_id;   // boot id + network namespace + IPC namespace
+  std::string host_id;   // boot id + net/ipc/mnt namespaces, or "hostid:" + HARP_HOSTID
   std::string hostname;
   int pid;
 };
 HostIdentity thisHost();
+
+// Collective over `store` (every rank calls it with the same keys and size):
+// confirms the claimed host ids by an actual shared-memory probe. For every
+// group of ranks claiming one key, the group's lowest rank creates a /dev/shm
+// object holding a random 32-byte nonce and publishes its name and the nonce
+// through the store; the others open it and compare. A rank that cannot see
+// the object, or sees other bytes, is another host: its key becomes
+// "<claim>/probe-failed/r<rank>" (logged at WARN), so no transport assumes
+// shared memory with it. Returns the confirmed keys, the same on every rank
+// (one more store round: each rank publishes its confirmed key). The probe
+// object is unlinked before returning. Store keys used: `prefix` + "probe/*"
+// and "hostok/*".
+std::vector<std::string> confirmHostIds(Store& store, const std::string& prefix, int rank,
+                                        const std::vector<std::string>& claimed, double timeout_s);
 
 // Everyone publishes a blob; everyone gets all blobs (through the store).
 std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,

@@ -16,7 +16,7 @@
                               every HARP_* parameter: type, current value and where it came
                               from (environment / default), scope and doc (core/base/params.def)
     harp-config --explain COLL SIZE [--ranks P] [--transport T] [--dtype D] [--op OP]
-                              [--in-place] [--algo NAME]
+                              [--in-place] [--algo NAME] [--hosts H --ppn N|N1,N2,...]
                               every algorithm of COLL with its restrictions (ok / failed: which),
                               the cost model's predicted time and the pick with its reason (user,
                               tuning row, cost model, declared fallback), computed by the same C++
@@ -112,13 +112,20 @@ def _seconds(s):
     return f"{s * 1e9:.1f} ns"
 
 
-def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_place=False, algo=""):
-    """The algorithm choice for one call, as lines of text (harp-config --explain)."""
+def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_place=False, algo="", ppn=None):
+    """The algorithm choice for one call, as lines of text (harp-config --explain).
+
+    ppn: ranks per host, one number per host ([2, 2]: 2 hosts x 2; [3, 1] uneven);
+    None: one host. With ppn, ranks is their sum."""
     import harp
 
     nbytes = _size(size) if isinstance(size, str) else int(size)
-    e = harp._harp.explain(coll, nbytes, ranks, transport, dtype, op, in_place, algo)
-    out = [f"{coll} {nbytes} bytes ({e['count']} x {dtype}), {ranks} ranks, transport {transport}"
+    ppn = list(ppn or [ranks])
+    if ppn != [ranks]:
+        ranks = sum(ppn)
+    e = harp._harp.explain(coll, nbytes, ranks, transport, dtype, op, in_place, algo, len(ppn), min(ppn), max(ppn))
+    shape = f", {len(ppn)} hosts x {'/'.join(map(str, ppn)) if len(set(ppn)) > 1 else ppn[0]}" if len(ppn) > 1 else ""
+    out = [f"{coll} {nbytes} bytes ({e['count']} x {dtype}), {ranks} ranks{shape}, transport {transport}"
            + (", in place" if in_place else ""),
            f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us, beta {e['beta'] * 1e9:.3g} ns/byte, "
            f"gamma {e['gamma'] * 1e9:.3g} ns/byte ({e['params_source']})",
@@ -180,13 +187,36 @@ def _explain_args(ap):
     ap.add_argument("--op", default="sum", help="--explain: reduction op (default sum)")
     ap.add_argument("--in-place", action="store_true", help="--explain: send buffer == receive buffer")
     ap.add_argument("--algo", default="", help="--explain: the algorithm a caller asks for (algo=)")
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="--explain: hosts (with --ppn; hierarchical algorithms need >= 2). Default: 1 host")
+    ap.add_argument("--ppn", default="",
+                    help="--explain: ranks per host, N or N1,N2,... per host (uneven); sets --ranks")
+
+
+def _ppn(a):
+    """--hosts/--ppn as ranks per host, or None (one host)."""
+    if not a.hosts and not a.ppn:
+        return None
+    try:
+        per = [int(x) for x in a.ppn.split(",")] if a.ppn else []
+    except ValueError:
+        raise SystemExit(f"harp-config: --ppn '{a.ppn}' is not N or N1,N2,...") from None
+    hosts = a.hosts or max(1, len(per))
+    if not per:
+        per = [max(1, a.ranks // hosts)]
+    if len(per) == 1:
+        per = per * hosts
+    if len(per) != hosts or min(per) < 1:
+        raise SystemExit(f"harp-config: --ppn '{a.ppn}' needs one count >= 1 per host ({hosts} hosts)")
+    return per
 
 
 def _explain_main(a):
     import harp
 
     try:
-        lines = explain(a.explain[0], a.explain[1], a.ranks, a.transport, a.dtype, a.op, a.in_place, a.algo)
+        lines = explain(a.explain[0], a.explain[1], a.ranks, a.transport, a.dtype, a.op, a.in_place, a.algo,
+                        _ppn(a))
     except harp.HarpError as e:
         raise SystemExit(f"harp-config: --explain: {e}") from None
     print("\n".join(lines))

@@ -123,7 +123,7 @@ TEST(Registry, IndexIsThePositionByName) {
       EXPECT_EQ(findAlgorithm(static_cast<CollType>(c), list[i]->name), list[i]);
     }
   }
-  EXPECT_EQ(algorithmList(CollType::kAllreduce), "halving_doubling, recursive_doubling, ring, shm");
+  EXPECT_EQ(algorithmList(CollType::kAllreduce), "halving_doubling, leader, rail, recursive_doubling, ring, shm");
   EXPECT_EQ(findAlgorithm(CollType::kAllreduce, "nope"), nullptr);
 }
 
@@ -270,7 +270,7 @@ TEST(Select, UnknownNamesListTheKnownOnes) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), Error::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("halving_doubling, recursive_doubling, ring, shm"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("halving_doubling, leader, rail, recursive_doubling, ring, shm"), std::string::npos);
   }
   EXPECT_THROW(selectAlgorithm(query(CollType::kAllreduce, 8, 2, "tcp"), table("allreduce * * * nope\n"),
                                Calibration::builtin(), false),
