@@ -82,21 +82,21 @@ void addBf16Scalar(float* d, const float* a, const uint16_t* b, size_t n) {
 }
 
 // ---- AVX2 + F16C ----------------------------------------------------------
-#define HARP_AVX2 __attribute__((target("avx2,f16c,fma")))
-HARP_AVX2 void narrowF16Avx2(uint16_t* d, const float* s, size_t n) {
+#define TARGET_AVX2 __attribute__((target("avx2,f16c,fma")))
+TARGET_AVX2 void narrowF16Avx2(uint16_t* d, const float* s, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
                      _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; ++i) d[i] = f32ToF16(s[i]);
 }
-HARP_AVX2 void widenF16Avx2(float* d, const uint16_t* s, size_t n) {
+TARGET_AVX2 void widenF16Avx2(float* d, const uint16_t* s, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   for (; i < n; ++i) d[i] = f16ToF32(s[i]);
 }
-HARP_AVX2 void addF16Avx2(float* d, const float* a, const uint16_t* b, size_t n) {
+TARGET_AVX2 void addF16Avx2(float* d, const float* a, const uint16_t* b, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
@@ -104,32 +104,32 @@ HARP_AVX2 void addF16Avx2(float* d, const float* a, const uint16_t* b, size_t n)
   }
   for (; i < n; ++i) d[i] = a[i] + f16ToF32(b[i]);
 }
-HARP_AVX2 void narrowBf16Avx2(uint16_t* d, const float* s, size_t n) {
+TARGET_AVX2 void narrowBf16Avx2(uint16_t* d, const float* s, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = f32ToBf16(s[i]);
 }
-HARP_AVX2 void widenBf16Avx2(float* d, const uint16_t* s, size_t n) {
+TARGET_AVX2 void widenBf16Avx2(float* d, const uint16_t* s, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = bf16ToF32(s[i]);
 }
-HARP_AVX2 void addBf16Avx2(float* d, const float* a, const uint16_t* b, size_t n) {
+TARGET_AVX2 void addBf16Avx2(float* d, const float* a, const uint16_t* b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = a[i] + bf16ToF32(b[i]);
 }
 
 // ---- AVX-512F -------------------------------------------------------------
-#define HARP_AVX512 __attribute__((target("avx512f,avx512bw")))
-HARP_AVX512 void narrowF16Avx512(uint16_t* d, const float* s, size_t n) {
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
+TARGET_AVX512 void narrowF16Avx512(uint16_t* d, const float* s, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
                         _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; ++i) d[i] = f32ToF16(s[i]);
 }
-HARP_AVX512 void widenF16Avx512(float* d, const uint16_t* s, size_t n) {
+TARGET_AVX512 void widenF16Avx512(float* d, const uint16_t* s, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
   for (; i < n; ++i) d[i] = f16ToF32(s[i]);
 }
-HARP_AVX512 void addF16Avx512(float* d, const float* a, const uint16_t* b, size_t n) {
+TARGET_AVX512 void addF16Avx512(float* d, const float* a, const uint16_t* b, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
@@ -137,13 +137,13 @@ HARP_AVX512 void addF16Avx512(float* d, const float* a, const uint16_t* b, size_
   }
   for (; i < n; ++i) d[i] = a[i] + f16ToF32(b[i]);
 }
-HARP_AVX512 void narrowBf16Avx512(uint16_t* d, const float* s, size_t n) {
+TARGET_AVX512 void narrowBf16Avx512(uint16_t* d, const float* s, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = f32ToBf16(s[i]);
 }
-HARP_AVX512 void widenBf16Avx512(float* d, const uint16_t* s, size_t n) {
+TARGET_AVX512 void widenBf16Avx512(float* d, const uint16_t* s, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = bf16ToF32(s[i]);
 }
-HARP_AVX512 void addBf16Avx512(float* d, const float* a, const uint16_t* b, size_t n) {
+TARGET_AVX512 void addBf16Avx512(float* d, const float* a, const uint16_t* b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = a[i] + bf16ToF32(b[i]);
 }
 

@@ -167,10 +167,12 @@ def _topk_expected(xs, k):
     return out
 
 
-def _topk_body(rank, size, n, spec):
+def _topk_body(rank, size, n, spec, ties=True):
     comm = harp.init()
     rng = np.random.default_rng(77 + rank)
-    x = np.round(rng.standard_normal(n) * 4).astype(np.float32)  # many ties in |x|
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    if ties:
+        x = np.round(x)  # many ties in |x|
     got = comm.allreduce(x, np.empty_like(x), compress=spec)
     again = comm.allreduce(x.copy(), compress=spec)  # in place
     st = hc.stats(comm)
@@ -178,10 +180,12 @@ def _topk_body(rank, size, n, spec):
     return x, got, again, st
 
 
-@pytest.mark.parametrize("nranks,n,spec", [(2, 1000, "topk:0.05!"), (3, 997, "topk:13!"), (4, 1, "topk:0.5!"),
-                                           (5, 50000, "topk:0.01!")])
-def test_topk_selection_sum_and_bytes(nranks, n, spec):
-    res = run_ranks(nranks, _topk_body, n, spec, env=TCP)
+# n >= 262144 with k <= n/16 takes the sampled-threshold path of the selection (core/compress_topk.cc).
+@pytest.mark.parametrize("nranks,n,spec,ties", [(2, 1000, "topk:0.05!", True), (3, 997, "topk:13!", True),
+                                                (4, 1, "topk:0.5!", True), (5, 50000, "topk:0.01!", True),
+                                                (3, 300001, "topk:0.001!", True), (2, 300001, "topk:0.01!", False)])
+def test_topk_selection_sum_and_bytes(nranks, n, spec, ties):
+    res = run_ranks(nranks, _topk_body, n, spec, ties, env=TCP)
     xs = [r[0] for r in res]
     k = hc.topk_bytes(n, 2, spec) // 8
     want = _topk_expected(xs, k)
