@@ -12,6 +12,8 @@ namespace harp {
 
 void allreduceRingNarrow(Context&);  // core/compress_ring.cc
 void allreduceTopk(Context&);        // core/compress_topk.cc
+void allreduceTopkRs(Context&);
+double topkRsCost(double n, double kbytes, int p, const TransportParams& t);
 double ringNarrowCost(double n, int p, const TransportParams& t);
 double topkCost(double n, double kbytes, int p, const TransportParams& t);
 
@@ -29,7 +31,8 @@ Algorithm makeAlgorithm(const char* name, AlgorithmFn fn, unsigned index) {
 const Algorithm kFp16 = makeAlgorithm("ring_fp16", allreduceRingNarrow, 15);
 const Algorithm kBf16 = makeAlgorithm("ring_bf16", allreduceRingNarrow, 14);
 const Algorithm kTopk = makeAlgorithm("topk_allgather", allreduceTopk, 13);
-constexpr size_t kFirstReserved = 13;
+const Algorithm kTopkRs = makeAlgorithm("topk_reduce_scatter", allreduceTopkRs, 12);
+constexpr size_t kFirstReserved = 12;
 
 const char* kindName(CompressKind k) {
   switch (k) {
@@ -139,8 +142,14 @@ CompressEngine::Decision CompressEngine::decide(const CompressSpec& s, size_t co
   if (p < 2 || count == 0) return no("nothing to send");
   if (s.kind == CompressKind::kTopk && count > 0xffffffffull) return no("top-k needs fewer than 2^32 elements");
   d.dense_s = findAlgorithm(CollType::kAllreduce, "ring")->cost(n, p, t);
-  d.compressed_s = s.kind == CompressKind::kTopk ? topkCost(n, 8.0 * topkCount(s, count), p, t)
-                                                 : ringNarrowCost(n, p, t);
+  d.algo = algorithm(s.kind);
+  if (s.kind == CompressKind::kTopk) {
+    const double kb = 8.0 * topkCount(s, count), ag = topkCost(n, kb, p, t), rs = topkRsCost(n, kb, p, t);
+    d.compressed_s = std::min(ag, rs);
+    if (rs < ag) d.algo = &kTopkRs;
+  } else {
+    d.compressed_s = ringNarrowCost(n, p, t);
+  }
   if (s.force || force_) {
     d.compress = true;
     d.why = "forced";
@@ -159,9 +168,9 @@ void CompressEngine::logDecision(const CompressSpec& s, size_t bytes, int p, con
   std::lock_guard<std::mutex> g(mu_);
   if (std::find(logged_.begin(), logged_.end(), key) != logged_.end() || logged_.size() > 256) return;
   logged_.push_back(key);
-  HARP_INFO("allreduce %zu bytes, %d ranks, compress=%s: %s (%s; predicted dense %.3g s, compressed %.3g s)", bytes,
-            p, compressSpecText(s).c_str(), d.compress ? "compressed" : "dense", d.why.c_str(), d.dense_s,
-            d.compressed_s);
+  HARP_INFO("allreduce %zu bytes, %d ranks, compress=%s: %s (%s; predicted dense %.3g s, %s %.3g s)", bytes, p,
+            compressSpecText(s).c_str(), d.compress ? "compressed" : "dense", d.why.c_str(), d.dense_s,
+            d.algo ? d.algo->name : "compressed", d.compressed_s);
 }
 
 float* CompressEngine::residual(const std::string& key, size_t n) {
@@ -247,7 +256,7 @@ const Algorithm* Communicator::compressedAlgorithm(CollArgs& a) {
   }
   eng.compressed_calls.fetch_add(1, std::memory_order_relaxed);
   a.compress.engine = &eng;
-  return CompressEngine::algorithm(a.compress.kind);
+  return d.algo;
 }
 
 }  // namespace harp

@@ -24,7 +24,10 @@
 //   topk        core/compress_topk.cc: each rank sends its k largest |x| (ties
 //               by lower index) as (uint32 index, float value) pairs; a ring
 //               allgather of the pairs, summed in rank order into a zeroed
-//               output on every rank (identical everywhere). With ef the
+//               output on every rank (identical everywhere); or, where the
+//               cost model prefers it (k(p-1) > ~n/2), a balanced sparse
+//               reduce-scatter to region owners + dense allgather with the
+//               same sums in the same order. With ef the
 //               residual (input + previous residual - what was sent) is kept
 //               per key and added before the next selection, so over steps
 //               sum(sent) + residual == sum(inputs).
@@ -44,10 +47,10 @@
 // gate says so — BytePS's "compress the inter-host leg only".
 //
 // Mismatch: a compressed allreduce runs under a reserved algorithm index
-// (fp16 15, bf16 14, topk 13) in the tag and the descriptor, so ranks that
+// (fp16 15, bf16 14, topk 13, topk reduce-scatter form 12) in the tag and the descriptor, so ranks that
 // disagree (one dense, one compressed, fp16 vs bf16) get MismatchError; top-k
 // ranks that disagree about k post different lengths: MismatchError too.
-// Registering 13 or more allreduce algorithms would collide: checked.
+// Registering 12 or more allreduce algorithms would collide: checked.
 //
 // Residuals: bounded by HARP_COMPRESS_RESIDUAL_BYTES in all; the least
 // recently used key is dropped (WARN) when a new one does not fit; a key whose
@@ -101,6 +104,7 @@ class CompressEngine {
     bool compress = false;
     double dense_s = 0, compressed_s = 0;
     std::string why;
+    const Algorithm* algo = nullptr;  // the compressed algorithm (top-k: allgather or reduce-scatter form)
   };
   // The gate (see the top of this file). `t`: the communicator's transport parameters.
   Decision decide(const CompressSpec& s, size_t count, DataType dt, ReduceOp op, int p,

@@ -22,8 +22,8 @@
 //       + (6n + 4pK)·gamma: the copy or residual update, the candidate scan
 //       (a compare per element, weighted 3 passes), zeroing the output, and
 //       the candidates' selection plus the scatter-add of p·k pairs.
-// Not yet: the balanced sparse reduce-scatter + allgather (Ok-Topk) for large
-// k·p; the allgather form is always used.
+// For large k·p the gate picks allreduceTopkRs (below), a balanced sparse
+// reduce-scatter + dense allgather with bit-identical results.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -89,15 +89,23 @@ void selectTopk(const float* acc, size_t n, size_t k, float* mags, Pair* out) {
 
 }  // namespace
 
-void allreduceTopk(Context& ctx) {
+namespace {
+
+// Steps 1-2 (both variants): every rank's k pairs, this rank's at pairs + r*k; room for p blocks.
+struct Local {
+  size_t n, k;
+  Pair* pairs;
+  Pair* mine;
+};
+
+Local selectLocal(Context& ctx) {
   const CollArgs& a = ctx.args();
   CompressEngine& eng = *a.compress.engine;
   const int p = ctx.size(), r = ctx.rank();
   const size_t n = a.count, k = CompressEngine::topkCount(a.compress, n);
-  const size_t blk = k * sizeof(Pair);
-  // Scratch: [mags: n floats][acc: n floats unless ef][pairs: p blocks]
+  // Scratch: [mags: n floats][acc: n floats unless ef][pairs: p blocks of k]
   const bool ef = a.compress.ef;
-  char* base = static_cast<char*>(ctx.scratch(n * 4 * (ef ? 1 : 2) + p * blk));
+  char* base = static_cast<char*>(ctx.scratch(n * 4 * (ef ? 1 : 2) + p * k * sizeof(Pair)));
   float* mags = reinterpret_cast<float*>(base);
   float* acc = ef ? nullptr : mags + n;
   Pair* pairs = reinterpret_cast<Pair*>(base + n * 4 * (ef ? 1 : 2));
@@ -115,29 +123,105 @@ void allreduceTopk(Context& ctx) {
   selectTopk(acc, n, k, mags, mine);
   if (ef)
     for (size_t j = 0; j < k; ++j) acc[mine[j].index] = 0.0f;
+  return {n, k, pairs, mine};
+}
 
+// out[lo, hi) += the pairs, checking every index (a peer's bad index is an error, not a write).
+void addPairs(float* out, const Pair* b, size_t m, size_t lo, size_t hi, int from) {
+  for (size_t j = 0; j < m; ++j) {
+    if (b[j].index < lo || b[j].index >= hi)
+      throw Error(Error::kPeerFailure, "allreduce (top-k): rank " + std::to_string(from) + " sent index " +
+                                           std::to_string(b[j].index) + " outside [" + std::to_string(lo) + ", " +
+                                           std::to_string(hi) + ")");
+    out[b[j].index] += b[j].value;
+  }
+}
+
+}  // namespace
+
+void allreduceTopk(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const Local l = selectLocal(ctx);
+  const size_t blk = l.k * sizeof(Pair);
   auto mod = [p](int x) { return ((x % p) + p) % p; };
   const int right = mod(r + 1), left = mod(r - 1);
   std::vector<Request*> sends;
   for (int s = 0; s < p - 1; ++s) {
     const int sb = mod(r - s), rb = mod(r - s - 1);
-    sends.push_back(ctx.isend(right, pairs + sb * k, blk));
-    ctx.wait(ctx.irecv(left, pairs + rb * k, blk));
+    sends.push_back(ctx.isend(right, l.pairs + sb * l.k, blk));
+    ctx.wait(ctx.irecv(left, l.pairs + rb * l.k, blk));
   }
   ctx.waitAll(sends);
-  eng.bytes_sent.fetch_add(static_cast<uint64_t>(p - 1) * blk, std::memory_order_relaxed);
-
+  a.compress.engine->bytes_sent.fetch_add(static_cast<uint64_t>(p - 1) * blk, std::memory_order_relaxed);
   float* out = static_cast<float*>(a.recvbuf);
-  std::memset(out, 0, n * 4);
+  std::memset(out, 0, l.n * 4);
+  for (int q = 0; q < p; ++q) addPairs(out, l.pairs + q * l.k, l.k, 0, l.n, q);
+}
+
+// The balanced variant (Ok-Topk's shape, without its second sparsification): the index range
+// is cut into p regions (Blocks); each rank sends the pairs falling into region q to rank q
+// (counts first, 8 bytes per peer; a count above k is an error), the owner adds every rank's
+// pairs for its region in rank order 0..p-1 into its zeroed region of the output, and a ring
+// allgather circulates the dense float32 regions. Each element is the same sum in the same
+// order as in allreduceTopk: results are bit-identical to it and on every rank.
+// Bytes per rank: 8(p-1) + 8·(pairs outside its region, ~k(p-1)/p) + 4·n(p-1)/p.
+// Cost: 3(p-1)·alpha + (8k(p-1)/p + 4n(p-1)/p)·beta + the selection's gamma terms;
+// cheaper than the allgather form when k(p-1) > ~n/2 (large ratios or many ranks).
+void allreduceTopkRs(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const Local l = selectLocal(ctx);
+  const Blocks reg{l.n, static_cast<size_t>(p)};
+  std::vector<size_t> start(p + 1);
+  for (int q = 0; q < p; ++q)
+    start[q] = std::lower_bound(l.mine, l.mine + l.k, reg.offset(q),
+                                [](const Pair& x, size_t v) { return x.index < v; }) - l.mine;
+  start[p] = l.k;
+  std::vector<uint64_t> cnt_out(p), cnt_in(p);
+  for (int q = 0; q < p; ++q) cnt_out[q] = start[q + 1] - start[q];
+  std::vector<Request*> sends, recvs;
+  uint64_t sent = 0;
   for (int q = 0; q < p; ++q) {
-    const Pair* b = pairs + q * k;
-    for (size_t j = 0; j < k; ++j) {
-      if (b[j].index >= n)
-        throw Error(Error::kPeerFailure, "allreduce (top-k): rank " + std::to_string(q) + " sent index " +
-                                             std::to_string(b[j].index) + " for " + std::to_string(n) + " elements");
-      out[b[j].index] += b[j].value;
-    }
+    if (q == r) continue;
+    recvs.push_back(ctx.irecv(q, &cnt_in[q], 8));
+    sends.push_back(ctx.isend(q, &cnt_out[q], 8));
+    sent += 8;
   }
+  ctx.waitAll(recvs);
+  recvs.clear();
+  for (int q = 0; q < p; ++q) {
+    if (q == r) continue;
+    if (cnt_in[q] > l.k)
+      throw Error(Error::kPeerFailure, "allreduce (top-k): rank " + std::to_string(q) + " announced " +
+                                           std::to_string(cnt_in[q]) + " pairs, at most " + std::to_string(l.k));
+    if (cnt_in[q]) recvs.push_back(ctx.irecv(q, l.pairs + q * l.k, cnt_in[q] * sizeof(Pair)));
+    if (cnt_out[q]) sends.push_back(ctx.isend(q, l.mine + start[q], cnt_out[q] * sizeof(Pair)));
+    sent += cnt_out[q] * sizeof(Pair);
+  }
+  ctx.waitAll(recvs);
+  float* out = static_cast<float*>(a.recvbuf);
+  const size_t lo = reg.offset(r), hi = lo + reg.size(r);
+  std::memset(out + lo, 0, (hi - lo) * 4);
+  for (int q = 0; q < p; ++q) {
+    if (q == r) addPairs(out, l.mine + start[r], cnt_out[r], lo, hi, q);
+    else addPairs(out, l.pairs + q * l.k, cnt_in[q], lo, hi, q);
+  }
+  auto mod = [p](int x) { return ((x % p) + p) % p; };
+  const int right = mod(r + 1), left = mod(r - 1);
+  for (int s = 0; s < p - 1; ++s) {
+    const int sb = mod(r - s), rb = mod(r - s - 1);
+    sends.push_back(ctx.isend(right, out + reg.offset(sb), reg.size(sb) * 4));
+    sent += reg.size(sb) * 4;
+    ctx.wait(ctx.irecv(left, out + reg.offset(rb), reg.size(rb) * 4));
+  }
+  ctx.waitAll(sends);
+  a.compress.engine->bytes_sent.fetch_add(sent, std::memory_order_relaxed);
+}
+
+double topkRsCost(double n, double kbytes, int p, const TransportParams& t) {
+  const double f = (p - 1.0) / p;
+  return 3 * (p - 1) * t.alpha + (kbytes * f + n * f) * t.beta + (6 * n + 4 * kbytes) * t.gamma;
 }
 
 double topkCost(double n, double kbytes, int p, const TransportParams& t) {

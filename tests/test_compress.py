@@ -196,6 +196,29 @@ def test_topk_selection_sum_and_bytes(nranks, n, spec, ties):
         assert st["compressed_calls"] == 2
 
 
+def _regions(n, p):
+    return [(i * (n // p) + min(i, n % p), n // p + (1 if i < n % p else 0)) for i in range(p)]
+
+
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_topk_reduce_scatter_form_for_large_k(nranks):
+    # k(p-1) > n/2: the gate's cost model takes the balanced sparse reduce-scatter + dense allgather;
+    # same sums in the same order as the allgather form, so the reference is the same.
+    n, spec = 200003, "topk:0.5!"
+    res = run_ranks(nranks, _topk_body, n, spec, False, env=TCP)
+    xs = [r[0] for r in res]
+    k = int(round(0.5 * n))
+    want = _topk_expected(xs, k)
+    regions = _regions(n, nranks)
+    for r, (x, got, again, st) in enumerate(res):
+        assert np.array_equal(got, want) and np.array_equal(again, want), f"rank {r}"
+        top = np.lexsort((np.arange(n), -np.abs(x.astype(np.float64))))[:k]
+        lo, size = regions[r]
+        outside = int(np.sum((top < lo) | (top >= lo + size)))
+        ag = sum(regions[(r - s) % nranks][1] for s in range(nranks - 1)) * 4
+        assert st["bytes_sent"] == 2 * (8 * (nranks - 1) + 8 * outside + ag), (r, st["bytes_sent"])
+
+
 def _ef_body(rank, size, steps, n):
     comm = harp.init()
     rng = np.random.default_rng(rank)

@@ -20,6 +20,7 @@ from .comm import Communicator, UniqueId, Work, get_unique_id
 from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, MismatchError, PeerError,
                      UnavailableError)
 from ._env import init, launch_env
+from . import compress  # noqa: F401  (issue 17: wire compression, harp.compress)
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR
