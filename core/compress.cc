@@ -173,39 +173,39 @@ void CompressEngine::logDecision(const CompressSpec& s, size_t bytes, int p, con
             d.algo ? d.algo->name : "compressed", d.compressed_s);
 }
 
-float* CompressEngine::residual(const std::string& key, size_t n) {
+std::shared_ptr<std::vector<float>> CompressEngine::residual(const std::string& key, size_t n) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = residuals_.find(key);
-  if (it != residuals_.end() && it->second.size() != n) {
+  if (it != residuals_.end() && it->second->size() != n) {
     HARP_WARN("top-k residual '%s' had %zu elements, this call has %zu: starting it over", key.c_str(),
-              it->second.size(), n);
+              it->second->size(), n);
     residuals_.erase(it);
     lru_.remove(key);
     it = residuals_.end();
   }
   if (it == residuals_.end()) {
     size_t used = 0;
-    for (auto& kv : residuals_) used += kv.second.size() * 4;
+    for (auto& kv : residuals_) used += kv.second->size() * 4;
     while (used + n * 4 > max_residual_bytes_ && !lru_.empty()) {
       const std::string old = lru_.back();
       lru_.pop_back();
       HARP_WARN("top-k residuals over HARP_COMPRESS_RESIDUAL_BYTES (%zu): dropping '%s'", max_residual_bytes_,
                 old.c_str());
-      used -= residuals_[old].size() * 4;
+      used -= residuals_[old]->size() * 4;
       residuals_.erase(old);
     }
-    it = residuals_.emplace(key, std::vector<float>(n, 0.0f)).first;
+    it = residuals_.emplace(key, std::make_shared<std::vector<float>>(n, 0.0f)).first;
   } else {
     lru_.remove(key);
   }
   lru_.push_front(key);
-  return it->second.data();
+  return it->second;
 }
 
 std::vector<float> CompressEngine::residualCopy(const std::string& key) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = residuals_.find(key);
-  return it == residuals_.end() ? std::vector<float>{} : it->second;
+  return it == residuals_.end() ? std::vector<float>{} : *it->second;
 }
 
 void CompressEngine::clearResiduals(const std::string& key) {
@@ -222,7 +222,7 @@ void CompressEngine::clearResiduals(const std::string& key) {
 size_t CompressEngine::residualBytes() {
   std::lock_guard<std::mutex> g(mu_);
   size_t used = 0;
-  for (auto& kv : residuals_) used += kv.second.size() * 4;
+  for (auto& kv : residuals_) used += kv.second->size() * 4;
   return used;
 }
 

@@ -66,6 +66,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -116,8 +117,10 @@ class CompressEngine {
   // Logs `d` at INFO once per (bytes, spec).
   void logDecision(const CompressSpec& s, size_t bytes, int p, const Decision& d);
 
-  // Residual of `key` with n elements (zeros when new or resized).
-  float* residual(const std::string& key, size_t n);
+  // Residual of `key` with n elements (zeros when new or resized). Shared: a
+  // clearResiduals() from another thread while a collective uses it only drops
+  // the engine's reference.
+  std::shared_ptr<std::vector<float>> residual(const std::string& key, size_t n);
   std::vector<float> residualCopy(const std::string& key);
   void clearResiduals(const std::string& key = "");  // "": all
   size_t residualBytes();
@@ -134,7 +137,7 @@ class CompressEngine {
   bool force_ = false;  // HARP_COMPRESS_FORCE
   size_t max_residual_bytes_;
   std::mutex mu_;
-  std::map<std::string, std::vector<float>> residuals_;
+  std::map<std::string, std::shared_ptr<std::vector<float>>> residuals_;
   std::list<std::string> lru_;  // most recent first
   std::vector<std::string> logged_;
 };

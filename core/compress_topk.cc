@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/algorithms/registry.h"
@@ -96,6 +97,7 @@ struct Local {
   size_t n, k;
   Pair* pairs;
   Pair* mine;
+  std::shared_ptr<std::vector<float>> residual;  // held until the collective ends (ef)
 };
 
 Local selectLocal(Context& ctx) {
@@ -110,11 +112,13 @@ Local selectLocal(Context& ctx) {
   float* acc = ef ? nullptr : mags + n;
   Pair* pairs = reinterpret_cast<Pair*>(base + n * 4 * (ef ? 1 : 2));
   const float* in = static_cast<const float*>(a.sendbuf);
+  std::shared_ptr<std::vector<float>> res;
   if (ef) {
     const std::string key = a.compress.key.empty()
                                 ? std::to_string(reinterpret_cast<uintptr_t>(a.recvbuf)) + ":" + std::to_string(n)
                                 : a.compress.key;
-    acc = eng.residual(key, n);
+    res = eng.residual(key, n);
+    acc = res->data();
     for (size_t i = 0; i < n; ++i) acc[i] += in[i];
   } else {
     std::memcpy(acc, in, n * 4);
@@ -123,7 +127,7 @@ Local selectLocal(Context& ctx) {
   selectTopk(acc, n, k, mags, mine);
   if (ef)
     for (size_t j = 0; j < k; ++j) acc[mine[j].index] = 0.0f;
-  return {n, k, pairs, mine};
+  return {n, k, pairs, mine, std::move(res)};
 }
 
 // out[lo, hi) += the pairs, checking every index (a peer's bad index is an error, not a write).

@@ -255,6 +255,20 @@ def test_topk_error_feedback_bookkeeping(nranks):
     assert all(np.array_equal(r[0], res[0][0]) for r in res)
 
 
+def _bound_body(rank, size):
+    comm = harp.init()
+    x = np.arange(200, dtype=np.float32) - 100
+    comm.allreduce(x, np.empty_like(x), compress="topk:10,ef!", key="a")
+    first = hc.stats(comm)["residual_bytes"]
+    comm.allreduce(x, np.empty_like(x), compress="topk:10,ef!", key="b")  # a no longer fits: dropped
+    return first, hc.stats(comm)["residual_bytes"], hc.residual(comm, "a").size, hc.residual(comm, "b").size
+
+
+def test_residual_memory_is_bounded():
+    env = dict(TCP, HARP_COMPRESS_RESIDUAL_BYTES="1K")
+    assert run_ranks(2, _bound_body, env=env) == [(800, 800, 0, 200)] * 2
+
+
 # --- gate, dtypes, mismatch ------------------------------------------------------------------------
 
 def _gate_body(rank, size):
