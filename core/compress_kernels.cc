@@ -1,8 +1,9 @@
 // Conversion kernels of wire compression (core/compress.h): float32 <->
 // fp16/bf16 with round-to-nearest-even, and the fused "a + widen(b)" the
 // compressed ring reduces with. Three versions of each, chosen once by CPU
-// features: AVX-512F (vcvtps2ph/vcvtph2ps on 16 lanes), AVX2+F16C (8 lanes),
-// scalar. bf16 is integer arithmetic that the compiler vectorizes per target.
+// features: AVX-512F (vcvtps2ph/vcvtph2ps on 16 lanes), AVX2+F16C (8 lanes;
+// bf16 as integer intrinsics), scalar. On AVX-512 bf16 is the scalar rule
+// left to the compiler's vectorizer.
 // NaN stays NaN (quiet), overflow rounds to inf, fp16 subnormals are exact
 // (F16C and the scalar code agree bit for bit; tests/test_compress.py checks
 // both against numpy).
@@ -104,14 +105,36 @@ TARGET_AVX2 void addF16Avx2(float* d, const float* a, const uint16_t* b, size_t 
   }
   for (; i < n; ++i) d[i] = a[i] + f16ToF32(b[i]);
 }
+// bf16: the scalar rule on 8 lanes (round: + 0x7fff + lsb, NaN: quiet), packed to 16 bits.
 TARGET_AVX2 void narrowBf16Avx2(uint16_t* d, const float* s, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = f32ToBf16(s[i]);
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+  const __m256i absmask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(s + i));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) d[i] = f32ToBf16(s[i]);
+}
+TARGET_AVX2 inline __m256 bf16x8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 TARGET_AVX2 void widenBf16Avx2(float* d, const uint16_t* s, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = bf16ToF32(s[i]);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, bf16x8(s + i));
+  for (; i < n; ++i) d[i] = bf16ToF32(s[i]);
 }
 TARGET_AVX2 void addBf16Avx2(float* d, const float* a, const uint16_t* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = a[i] + bf16ToF32(b[i]);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(a + i), bf16x8(b + i)));
+  for (; i < n; ++i) d[i] = a[i] + bf16ToF32(b[i]);
 }
 
 // ---- AVX-512F -------------------------------------------------------------
