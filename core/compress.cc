@@ -108,10 +108,14 @@ CompressEngine::CompressEngine(int rank, bool all_local) : rank_(rank), all_loca
   intra_ = intra == "same";
   force_ = env::flag("HARP_COMPRESS_FORCE");
   max_residual_bytes_ = env::bytes("HARP_COMPRESS_RESIDUAL_BYTES");
-  if (algorithmsOf(CollType::kAllreduce).size() > kFirstReserved)
+  collides_ = algorithmsOf(CollType::kAllreduce).size() > kFirstReserved;
+}
+
+void CompressEngine::checkIndices() const {
+  if (collides_)
     throw Error(Error::kInternal, "more than " + std::to_string(kFirstReserved) +
-                                      " allreduce algorithms: they collide with compression's reserved indices "
-                                      "(core/compress.h)");
+                                      " allreduce algorithms are registered: they collide with compression's reserved "
+                                      "indices (core/compress.h)");
 }
 
 uint64_t CompressEngine::topkCount(const CompressSpec& s, size_t count) {
@@ -254,6 +258,7 @@ const Algorithm* Communicator::compressedAlgorithm(CollArgs& a) {
     eng.dense_calls.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
+  eng.checkIndices();  // only a compressed call needs the reserved indices
   eng.compressed_calls.fetch_add(1, std::memory_order_relaxed);
   a.compress.engine = &eng;
   return d.algo;

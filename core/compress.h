@@ -50,7 +50,8 @@
 // (fp16 15, bf16 14, topk 13, topk reduce-scatter form 12) in the tag and the descriptor, so ranks that
 // disagree (one dense, one compressed, fp16 vs bf16) get MismatchError; top-k
 // ranks that disagree about k post different lengths: MismatchError too.
-// Registering 12 or more allreduce algorithms would collide: checked.
+// More than 12 registered allreduce algorithms would collide: a compressed
+// call then raises InternalError naming this file (dense calls are unaffected).
 //
 // Residuals: bounded by HARP_COMPRESS_RESIDUAL_BYTES in all; the least
 // recently used key is dropped (WARN) when a new one does not fit; a key whose
@@ -114,6 +115,8 @@ class CompressEngine {
   static uint64_t topkCount(const CompressSpec& s, size_t count);
   // The algorithm of a kind (reserved indices, not in the registry).
   static const Algorithm* algorithm(CompressKind kind);
+  // Throws InternalError when more than 12 allreduce algorithms are registered.
+  void checkIndices() const;
   // Logs `d` at INFO once per (bytes, spec).
   void logDecision(const CompressSpec& s, size_t bytes, int p, const Decision& d);
 
@@ -135,6 +138,7 @@ class CompressEngine {
   size_t min_bytes_;
   bool intra_ = false;  // HARP_COMPRESS_INTRA=same
   bool force_ = false;  // HARP_COMPRESS_FORCE
+  bool collides_ = false;  // more registered allreduce algorithms than indices below the reserved ones
   size_t max_residual_bytes_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<std::vector<float>>> residuals_;
