@@ -17,6 +17,7 @@
 #include "core/algorithms/registry.h"
 #include "core/base/bootstrap.h"
 #include "core/communicator.h"
+#include "core/compress.h"
 #include "core/cost.h"
 #include "core/select.h"
 #include "core/base/reduce.h"
@@ -426,5 +427,49 @@ PYBIND11_MODULE(_harp, m) {
     return py::dict(py::arg("rank") = c.rank(), py::arg("size") = c.size(), py::arg("hosts") = hosts,
                     py::arg("host_of") = t.host_of, py::arg("local_rank") = t.local_rank_of,
                     py::arg("rails") = rails, py::arg("leaders") = t.leaders(), py::arg("text") = t.describe());
+  });
+  // --- Wire compression (issue 17; core/compress.h) ---
+  m.def("compress_submit",
+        [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+           const std::string& spec, const std::string& key, const std::string& algo, double timeout, bool async) {
+          CollArgs a = collArgs(static_cast<int>(CollType::kAllreduce), send, recv, count, dtype, op, 0);
+          a.opts.algo = algo;
+          a.opts.timeout_s = timeout;
+          if (!spec.empty()) a.compress = parseCompressSpec(spec, "compress");  // "": HARP_COMPRESS
+          a.compress.key = key;
+          py::gil_scoped_release nogil;
+          return c.submit(std::move(a), async);
+        },
+        py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+        py::arg("spec"), py::arg("key") = "", py::arg("algo") = "", py::arg("timeout") = -1.0,
+        py::arg("async_op") = false);
+  m.def("compress_spec", [](const std::string& spec) { return compressSpecText(parseCompressSpec(spec, "compress")); });
+  m.def("compress_stats", [](Communicator& c) {
+    CompressEngine& e = c.compression();
+    py::dict d;
+    d["bytes_sent"] = e.bytes_sent.load();
+    d["compressed_calls"] = e.compressed_calls.load();
+    d["dense_calls"] = e.dense_calls.load();
+    d["residual_bytes"] = e.residualBytes();
+    d["default"] = compressSpecText(e.defaultSpec());
+    return d;
+  });
+  m.def("compress_residual", [](Communicator& c, const std::string& key) {
+    std::vector<float> v = c.compression().residualCopy(key);
+    return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  });
+  m.def("compress_clear", [](Communicator& c, const std::string& key) { c.compression().clearResiduals(key); },
+        py::arg("comm"), py::arg("key") = "");
+  // Kernels, for tests: narrow (n floats -> n uint16), widen, add (dst = a + widen(b)).
+  m.def("compress_kernel", [](const std::string& kind, const std::string& what, uintptr_t dst, uintptr_t a,
+                              uintptr_t b, size_t n, const std::string& isa) {
+    const CompressSpec s = parseCompressSpec(kind, "kind");
+    const NarrowKernels& k = narrowKernels(s.kind, isa);
+    if (what == "narrow") k.narrow(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const float*>(a), n);
+    else if (what == "widen") k.widen(reinterpret_cast<float*>(dst), reinterpret_cast<const uint16_t*>(a), n);
+    else if (what == "add")
+      k.add(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(a), reinterpret_cast<const uint16_t*>(b), n);
+    else throw InvalidArgument("compress_kernel: narrow, widen or add");
+    return std::string(k.isa);
   });
 }

@@ -673,7 +673,11 @@ void Communicator::runCollective(CollArgs& a) {
 // widened data under the caller's dtype, so disagreements stay visible).
 void Communicator::runWith(CollArgs& a, DataType user_dtype) {
   const double timeout = a.opts.timeout_s > 0 ? a.opts.timeout_s : timeout_s_;
-  const Algorithm* algo = algorithmFor(a);
+  // Compression (issue 17): a compressed float32 allreduce runs its own algorithm, whose
+  // reserved index in the tag and descriptor keeps ranks that disagree apart (core/compress.h).
+  const Algorithm* algo = a.coll == CollType::kAllreduce && a.compress.kind != CompressKind::kNone
+                              ? compressedAlgorithm(a) : nullptr;
+  if (!algo) algo = algorithmFor(a);
   const bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
   const bool rooted = isRooted(a.coll);
   Descriptor d;

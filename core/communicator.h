@@ -68,6 +68,22 @@ struct P2pOp {
   size_t count = 0;     // elements
 };
 
+// Compression (issue 17): how a float32 sum/avg allreduce may travel
+// compressed (core/compress.h has the whole story: kinds, gate, residuals).
+// kDefault takes the communicator's HARP_COMPRESS; other collectives, dtypes
+// and ops ignore it.
+class CompressEngine;
+enum class CompressKind : uint8_t { kDefault, kNone, kFp16, kBf16, kTopk };
+struct CompressSpec {
+  CompressKind kind = CompressKind::kDefault;
+  double ratio = 0;   // top-k: fraction of the elements each rank sends (when k == 0)
+  uint64_t k = 0;     // top-k: elements each rank sends
+  bool ef = false;    // top-k: error feedback (the library keeps a residual per key)
+  bool force = false; // compress even where the gate would not (cost model, same-host peers)
+  std::string key;    // top-k residual key ("": recvbuf address and count)
+  CompressEngine* engine = nullptr;  // set when dispatched (state for the algorithm)
+};
+
 // Everything a collective needs; counts are in elements.
 struct CollArgs {
   CollType coll = CollType::kAllreduce;
@@ -84,6 +100,7 @@ struct CollArgs {
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // alltoallv
   std::vector<P2pOp> p2p;  // p2p_batch: posted together, then waited for together
   CollOptions opts;
+  CompressSpec compress;  // Compression (issue 17): allreduce only
 };
 
 // What a running collective borrows from its communicator: the connections
@@ -257,6 +274,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool hier_auto_ = true;               // HARP_HIER
   std::mutex subs_mu_;                  // subs_ against abort() from other threads
   std::unique_ptr<SubComms> subs_;      // nullptr until the first hierarchical collective
+  // Compression (issue 17; core/compress.h, defined in core/compress.cc).
+ public:
+  // The compression state (HARP_COMPRESS default, residuals, counters); created on first use.
+  CompressEngine& compression();
+
+ private:
+  // The compressed algorithm `a` runs with, or nullptr for the dense choice.
+  const struct Algorithm* compressedAlgorithm(CollArgs& a);
+  std::once_flag compress_once_;
+  std::shared_ptr<CompressEngine> compress_;
 };
 
 }  // namespace harp

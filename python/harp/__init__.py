@@ -21,6 +21,7 @@ from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, Mismatch
                      UnavailableError)
 from ._env import init, launch_env
 from .topology import topology  # issue 16: host map of a communicator
+from . import compress  # noqa: F401  (issue 17: wire compression, harp.compress)
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR

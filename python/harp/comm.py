@@ -231,8 +231,15 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
     # dtype= reads a buffer as that datatype: the element count is then the buffer's bytes /
     # itemsize (a remainder is refused), so no call reads or writes past a buffer.
-    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None):
-        """Reduce across ranks; every rank gets the result. In place when recvbuf is None."""
+    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, async_op=False, algo=None, timeout=None,
+                  compress=None, key=None):
+        """Reduce across ranks; every rank gets the result. In place when recvbuf is None.
+        compress= ('fp16', 'bf16', 'topk:0.01,ef', 'none'; default HARP_COMPRESS) and key= (top-k
+        residual name): wire compression of float32 sum/avg, see harp.compress."""
+        if compress is not None or key is not None:
+            from . import compress as _compress
+            return _compress.allreduce(self, sendbuf, recvbuf, op, compress="" if compress is None else compress,
+                                       key=key, dtype=dtype, async_op=async_op, algo=algo, timeout=timeout)
         # _fast() written out: the call is the whole cost of a small allreduce (0.47 -> 0.27 us).
         if dtype is None and timeout is None and not async_op and _run_arrays(self._c, _ALLREDUCE, sendbuf, recvbuf,
                                                                                op, 0, algo):
