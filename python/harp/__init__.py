@@ -20,6 +20,7 @@ from .comm import Communicator, UniqueId, Work, get_unique_id
 from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, MismatchError, PeerError,
                      UnavailableError)
 from ._env import init, launch_env
+from .errors import RevokedError  # issue 18 (fault tolerance); harp.elastic is imported on use
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR
@@ -39,5 +40,6 @@ def transports():
 __all__ = [
     "Communicator", "UniqueId", "Work", "get_unique_id", "init", "launch_env", "transports", "DataType", "ReduceOp",
     "HarpError", "HarpTimeoutError", "InvalidArgumentError", "MismatchError", "PeerError", "UnavailableError",
+    "RevokedError",
     "SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "UNDEFINED",
 ]

@@ -711,6 +711,32 @@ class ProcessGroupHarp(dist.ProcessGroup):
                     pass
         self.shutdown()
 
+    # -- fault tolerance (issue 18): dist.shrink_group ------------------------------------------------------
+    # torch 2.13's backend-neutral shrink_group(ranks_to_exclude) checks `supports_shrinking`, then calls
+    # shrink(sorted excluded ranks, flags, options) on the survivors only and registers the backend it returns
+    # in a new group (it destroys this one afterwards). The survivors rendezvous afresh through the same c10d
+    # store under a prefix unique to this shrink (every survivor counts its shrinks alike); like the core's
+    # Communicator.shrink, the new group makes new connections.
+    @property
+    def supports_shrinking(self):
+        return True
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts=None):
+        ex = sorted(int(r) for r in ranks_to_exclude)
+        if self._rank in ex:
+            raise RuntimeError(f"harp: shrink on {self._desc}: this rank is excluded and must not call it")
+        if shrink_flags & 1:  # SHRINK_ABORT: fail the parent's pending operations first
+            for c in (self._coll, self._up, self._down):
+                if c is not None:
+                    c.revoke()
+        self._shrinks = getattr(self, "_shrinks", 0) + 1
+        keep = [r for r in range(self._size) if r not in ex]
+        prefix = f"harp/shrink{self._shrinks}-{'.'.join(map(str, ex))}/"
+        t = getattr(opts, "_timeout", None) if opts is not None else None
+        timeout = t if t is not None else (None if self._timeout < 0 else datetime.timedelta(seconds=self._timeout))
+        return ProcessGroupHarp(dist.PrefixStore(prefix, self._store), keep.index(self._rank), len(keep), timeout,
+                                f"{self._name}:shrunk")
+
     def size(self):
         return self._size
 
