@@ -744,6 +744,37 @@ class ProcessGroupHarp(dist.ProcessGroup):
         return self._rank
 
 
+def _install_shrink_shim():
+    """torch 2.13's shrink_group assumes a C++ c10d Backend: it fetches the group's with _get_backend(device)
+    and registers the shrunk one in a fresh ProcessGroup. A Python process group (this one) has no C++ backend,
+    so for a ProcessGroupHarp the group itself is the backend, and the ProcessGroupHarp that shrink() returns is
+    the new group — as torch's _new_process_group_helper treats Python process groups. Other groups go through
+    torch's own code untouched."""
+    c10d = dist.distributed_c10d
+    validate = getattr(c10d, "_validate_shrink_backend_requirements", None)
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if validate is None or create is None or getattr(validate, "_harp", False):
+        return
+
+    def _validate(group_info):
+        pg = group_info["process_group"]
+        return pg if isinstance(pg, ProcessGroupHarp) else validate(group_info)
+
+    def _create(new_backend, remaining_ranks, metadata, is_default_group):
+        if not isinstance(new_backend, ProcessGroupHarp):
+            return create(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        desc = "default:shrunken" if is_default_group else f"{metadata['original_group_name']}:shrunk"
+        new_backend._set_group_desc(desc)
+        return new_backend
+
+    _validate._harp = True
+    c10d._validate_shrink_backend_requirements = _validate
+    c10d._create_shrunk_process_group = _create
+
+
+_install_shrink_shim()
+
 _tls = threading.local()
 
 
