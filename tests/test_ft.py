@@ -317,3 +317,88 @@ def test_torch_aborted_group_raises_distbackenderror_and_can_be_recreated(tmp_pa
     res = run_ranks(2, _torch_abort_recreate, f"file://{tmp_path}/s", env=_env("tcp"), timeout=120)
     assert all(v[1] == 2.0 for v in res), res
     assert res[1][0] == "DistBackendError", res
+
+
+# ---------------------------------------------------------------------------- NCCL API (ctypes)
+def _nccl_ft(rank, size, uid_grow_hex):
+    from harp import nccl
+
+    comm = nccl.NcclCommunicator(size, bytes.fromhex(os.environ["HARP_UNIQUE_ID"]), rank)
+    x = np.ones(5, np.float32)
+    comm.allReduce(x, x, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+    out = {}
+    if rank == 3:  # excluded: does not call shrink; leaves
+        comm.destroy()
+        return {"excluded": True}
+    try:
+        comm.shrink([7])
+        out["bad"] = "no error"
+    except nccl.NcclError as e:
+        out["bad"] = e.status
+    small = comm.shrink([3], nccl.NCCL_SHRINK_ABORT)
+    y = np.full(5, rank + 1.0, np.float32)
+    small.allReduce(y, y, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+    out["shrunk"] = (small.rank_id(), small.size(), float(y[0]))
+    uid = small.get_unique_id() if small.rank_id() == 0 else None
+    if uid is not None:
+        with open(uid_grow_hex, "wb") as f:  # to the joiner, out of band (a file here)
+            f.write(bytes((b + 256) % 256 for b in uid))
+    small.revoke()
+    try:
+        small.allReduce(y, y, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+        out["after_revoke"] = "no error"
+    except nccl.NcclError as e:
+        out["after_revoke"] = e.status
+    small.destroy()
+    comm.destroy()
+    return out
+
+
+def test_nccl_shrink_revoke_and_get_unique_id(tmp_path):
+    from harp import nccl
+
+    try:
+        nccl._L()
+    except (ImportError, OSError) as e:
+        pytest.skip(f"no libharp-nccl.so: {e}")
+    res = run_ranks(4, _nccl_ft, str(tmp_path / "uid"), env=_env("tcp"), timeout=120)
+    assert res[3] == {"excluded": True}
+    assert sorted(r["shrunk"] for r in res[:3]) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)], res
+    for r in res[:3]:
+        assert r["bad"] == nccl.NCCL_INVALID_ARGUMENT, r
+        assert r["after_revoke"] == nccl.NCCL_REMOTE_ERROR, r
+    assert len((tmp_path / "uid").read_bytes()) == 128
+
+
+# ---------------------------------------------------------------------------- harp.elastic
+def _elastic(rank, size, victim, die_at):
+    import harp.elastic as elastic
+
+    comm = harp.init()
+    state = elastic.State(w=np.zeros(64, np.float64), step=0)
+    resets = []
+
+    def train(c, st):
+        while st.step < 30:
+            if rank == victim and st.step == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            g = np.ones(64, np.float64)
+            c.allreduce(g)
+            st.w += g / c.size  # exactly +1 per step whatever the size
+            st.step += 1
+            if st.step % 5 == 0:
+                st.commit()
+        return c.size
+
+    final_size = elastic.run(train, comm, state, min_workers=2, on_reset=lambda r: resets.append((r.failed, r.comm.size)))
+    return final_size, state.step, bool(np.all(state.w == 30.0)), resets, state.commits
+
+
+def test_elastic_run_survives_a_killed_rank_and_finishes_every_step():
+    res = run_ranks(4, _elastic, 2, 12, env=_env("tcp"), timeout=150, allow_errors=True)
+    assert res[2][0] == "died"
+    for r in (0, 1, 3):
+        status, (size, step, exact, resets, commits) = res[r]
+        assert status == "ok"
+        assert (size, step, exact) == (3, 30, True), res[r]
+        assert resets == [([2], 3)], resets
