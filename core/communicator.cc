@@ -699,6 +699,10 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
     // issue 18: a transport's failure text quoting a revocation is a revocation
     if (e.kind() == Error::kPeerFailure && noticeKind(e.what()) == Error::kRevoked) throw Error(Error::kRevoked, e.what());
+    if (e.kind() == Error::kPeerFailure) {
+      std::string dead = keepAliveVerdict(e.what());  // issue 18: name the dead rank(s)
+      if (!dead.empty()) throw Error(Error::kPeerFailure, std::string(e.what()) + "; " + dead);
+    }
     throw;
   }
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {

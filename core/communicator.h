@@ -281,6 +281,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void startKeepAlive();
   void stopKeepAlive();
   std::string ftPrefix(const char* what, uint32_t seq) const;
+  std::string keepAliveVerdict(const std::string& failure);
   std::unique_ptr<KeepAlive> keepalive_;
   uint32_t agree_seq_ = 0, shrink_seq_ = 0, grow_seq_ = 0;
 };

@@ -88,6 +88,29 @@ void Communicator::stopKeepAlive() {
   if (keepalive_) keepalive_->stop();
 }
 
+// A connection that closed or reset mid-collective names the peer at its
+// other end, which may be a survivor that aborted (its notice lost behind a
+// partial frame) rather than the rank that died. On that error path only,
+// wait (at most one keep-alive timeout and interval) for the keep-alive's
+// verdict and return the sentence naming the dead rank(s), or "".
+std::string Communicator::keepAliveVerdict(const std::string& failure) {
+  if (!keepalive_) return "";
+  if (failure.find("closed") == std::string::npos && failure.find("reset") == std::string::npos) return "";
+  const Deadline dl = Deadline::after(keepalive_->timeout() + 2 * env::timeout("HARP_KEEPALIVE_INTERVAL"));
+  for (;;) {
+    std::vector<int> dead = keepalive_->failed();
+    if (!dead.empty()) {
+      std::string who;
+      for (int r : dead)
+        who += (who.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) +
+                                            " on " + peers_[r].hostname + ")");
+      return "the keep-alive found " + who + " dead or unreachable";
+    }
+    if (dl.passed()) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void Communicator::revoke() { markBroken(std::string(kRevokedMark) + std::to_string(rank_)); }
 
 bool Communicator::revoked() {
