@@ -88,14 +88,17 @@ void Communicator::stopKeepAlive() {
   if (keepalive_) keepalive_->stop();
 }
 
-// A connection that closed or reset mid-collective names the peer at its
-// other end, which may be a survivor that aborted (its notice lost behind a
-// partial frame) rather than the rank that died. On that error path only,
-// wait (at most one keep-alive timeout and interval) for the keep-alive's
-// verdict and return the sentence naming the dead rank(s), or "".
+// A lost peer's error names the peer at the other end of the failed
+// connection, which may be a survivor that aborted (its notice lost behind a
+// partial frame, or cut short: shm keeps ~180 bytes of it) rather than the
+// rank that died. On that error path only, wait (at most one keep-alive
+// timeout and two intervals) for the keep-alive's verdict and return the
+// sentence naming the dead rank(s), or "".
 std::string Communicator::keepAliveVerdict(const std::string& failure) {
   if (!keepalive_) return "";
-  if (failure.find("closed") == std::string::npos && failure.find("reset") == std::string::npos) return "";
+  // Already named by a keep-alive, or not a lost peer: a user's abort, a mismatch, a timeout.
+  for (const char* known : {"dead or unreachable", "aborted by rank", "collective mismatch", "timed out"})
+    if (failure.find(known) != std::string::npos) return "";
   const Deadline dl = Deadline::after(keepalive_->timeout() + 2 * env::timeout("HARP_KEEPALIVE_INTERVAL"));
   for (;;) {
     std::vector<int> dead = keepalive_->failed();
