@@ -9,6 +9,8 @@
 //
 // The GIL is released while a collective runs or is waited for. C++ errors
 // become the exception classes of harp.errors (by harp::Error::Kind).
+#include <optional>
+
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -50,7 +52,7 @@ class PyStore : public Store {
 
 void translate(const Error& e) {
   static const char* names[] = {"InvalidArgumentError", "MismatchError", "PeerError", "HarpTimeoutError",
-                                "HarpError", "UnavailableError", "HarpError"};
+                                "HarpError", "UnavailableError", "HarpError", "RevokedError"};
   py::object cls = py::module_::import("harp.errors").attr(names[e.kind()]);
   PyErr_SetString(cls.ptr(), e.what());
 }
@@ -472,4 +474,31 @@ PYBIND11_MODULE(_harp, m) {
     else throw InvalidArgument("compress_kernel: narrow, widen or add");
     return std::string(k.isa);
   });
+  // Fault tolerance (issue 18): revoke / agree / shrink / grow (core/communicator_ft.cc).
+  auto comm_cls = py::reinterpret_borrow<py::class_<Communicator, std::shared_ptr<Communicator>>>(m.attr("Comm"));
+  comm_cls
+      .def("revoke", [](Communicator& c) {
+        py::gil_scoped_release nogil;
+        c.revoke();
+      })
+      .def_property_readonly("revoked", &Communicator::revoked)
+      .def("failed_ranks", &Communicator::failedRanks)
+      .def("agree", [](Communicator& c, bool flag) {
+        Communicator::Agreement a;
+        {
+          py::gil_scoped_release nogil;
+          a = c.agree(flag);
+        }
+        return py::make_tuple(a.flag, a.failed);
+      })
+      .def("shrink", [](Communicator& c, std::optional<std::vector<int>> exclude) {
+        py::gil_scoped_release nogil;
+        return c.shrink(exclude ? &*exclude : nullptr);
+      }, py::arg("exclude") = py::none())
+      .def("grow", [](Communicator& c, int new_size, std::optional<std::string> id) {
+        std::optional<UniqueId> uid;
+        if (id) uid = UniqueId::fromBytes(id->data(), id->size());
+        py::gil_scoped_release nogil;
+        return c.grow(new_size, uid ? &*uid : nullptr);
+      }, py::arg("new_size"), py::arg("unique_id") = py::none());
 }

@@ -17,6 +17,7 @@
 #include "core/base/log.h"
 #include "core/base/rendezvous.h"
 #include "core/base/reduce.h"
+#include "core/keepalive.h"
 #include "core/select.h"
 #include "core/tuning.h"
 
@@ -250,6 +251,7 @@ void Communicator::connectAll() {
   adaptSpin();
   assignPeers(plan, avail);
   connectTransports(plan, commInfo());
+  startKeepAlive();  // issue 18: core/communicator_ft.cc
   transport_kind_ = transportKind(res_.transport_of);
   HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
             reduceKernelName());
@@ -709,6 +711,12 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (!p2p) closingCheck(a, d.seq);
   } catch (const Error& e) {
     if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
+    // issue 18: a transport's failure text quoting a revocation is a revocation
+    if (e.kind() == Error::kPeerFailure && noticeKind(e.what()) == Error::kRevoked) throw Error(Error::kRevoked, e.what());
+    if (e.kind() == Error::kPeerFailure) {
+      std::string dead = keepAliveVerdict(e.what());  // issue 18: name the dead rank(s)
+      if (!dead.empty()) throw Error(Error::kPeerFailure, std::string(e.what()) + "; " + dead);
+    }
     throw;
   }
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
@@ -756,8 +764,7 @@ void Communicator::closingCheck(const CollArgs& a, uint32_t seq) {
     static const std::string kMark = "after collective #";
     size_t at = notice.find(kMark);
     if (at != std::string::npos && std::strtoull(notice.c_str() + at + kMark.size(), nullptr, 10) >= seq) continue;
-    throw Error(notice.find("collective mismatch") != std::string::npos ? Error::kMismatch : Error::kPeerFailure,
-                std::string(collName(a.coll)) + " on rank " + std::to_string(rank_) + " failed: " + notice);
+    throw Error(noticeKind(notice), std::string(collName(a.coll)) + " on rank " + std::to_string(rank_) + " failed: " + notice);
   }
   // Completed here: record it, unless abort() came first (then it said the
   // last completed collective was the one before, so this one fails too).
@@ -778,6 +785,7 @@ void Communicator::markBroken(const std::string& why) {
     broken_kind_ = Error::kPeerFailure;
     if (why.find("mismatch") != std::string::npos) broken_kind_ = Error::kMismatch;
     if (why.find("timed out") != std::string::npos) broken_kind_ = Error::kTimeout;
+    if (why.find(kRevokedMark) != std::string::npos) broken_kind_ = Error::kRevoked;  // issue 18
     broken_.store(true);
   }
   HARP_WARN("communicator broken: %s", why.c_str());
@@ -808,6 +816,7 @@ void Communicator::destroy() {
     destroyed_ = true;
     stop_ = true;
   }
+  stopKeepAlive();  // issue 18: before the transports its callback aborts go
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);

@@ -46,6 +46,7 @@ namespace harp {
 
 class Context;
 class Communicator;
+class KeepAlive;  // core/keepalive.h (issue 18)
 
 struct CommOptions {
   double timeout_s = -1;       // < 0: HARP_TIMEOUT or 300 s
@@ -284,6 +285,53 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const struct Algorithm* compressedAlgorithm(CollArgs& a);
   std::once_flag compress_once_;
   std::shared_ptr<CompressEngine> compress_;
+  // Fault tolerance (issue 18): definitions in core/communicator_ft.cc.
+  // Failure detection: a KeepAlive (core/keepalive.h) started at creation
+  // reports a dead, frozen or cut-off peer within HARP_KEEPALIVE_TIMEOUT and
+  // breaks the communicator naming it, on every rank. The recovery calls below
+  // run through the bootstrap store, which must stay alive: its host is the
+  // process that made the unique id (harp-run's launcher, or rank 0 for
+  // harp.init without a launcher) — like torchft's lighthouse. Every wait in
+  // them is bounded by the communicator's timeout.
+ public:
+  // Break the communicator on every rank: every pending and later operation
+  // raises Error::kRevoked ("communicator revoked by rank R"). Any thread;
+  // not collective (one rank is enough).
+  void revoke();
+  bool revoked();
+  // Ranks the keep-alive found dead or unreachable so far (sorted).
+  std::vector<int> failedRanks() const;
+  // Fault-tolerant agreement: every surviving rank calls it; returns the AND
+  // of the survivors' flags and the agreed set of failed ranks (the same on
+  // every rank that returns). Completes when ranks die during it (they join
+  // the failed set once the keep-alive reports them). Works on a broken or
+  // revoked communicator.
+  struct Agreement {
+    bool flag = true;
+    std::vector<int> failed;
+  };
+  Agreement agree(bool flag);
+  // Collective over the survivors: a new communicator without `exclude`
+  // (nullptr: agree(true).failed), ranks renumbered contiguously in old-rank
+  // order. New connections are made (the revoked ones are half-closed).
+  // Throws InvalidArgument on an excluded rank that calls it.
+  std::shared_ptr<Communicator> shrink(const std::vector<int>* exclude);
+  // Collective over this communicator and the joining ranks: a communicator
+  // of new_size ranks in which the current ranks keep their numbers and the
+  // joiners (which call create(*id, rank, new_size) with rank >= size()) take
+  // the rest. Rank 0 passes the fresh id (newUniqueId()); the others may pass
+  // nullptr and receive it through the store.
+  std::shared_ptr<Communicator> grow(int new_size, const UniqueId* id);
+  // A fresh unique id served by this process (ncclCommGetUniqueId).
+  static UniqueId newUniqueId();
+
+ private:
+  void startKeepAlive();
+  void stopKeepAlive();
+  std::string ftPrefix(const char* what, uint32_t seq) const;
+  std::string keepAliveVerdict(const std::string& failure);
+  std::unique_ptr<KeepAlive> keepalive_;
+  uint32_t agree_seq_ = 0, shrink_seq_ = 0, grow_seq_ = 0;
 };
 
 }  // namespace harp

@@ -108,7 +108,7 @@ void Context::check(Request* r) {
   }
   // A peer that found a mismatch aborts with that text: keep the kind, so every
   // rank raises the same class of error.
-  Error::Kind kind = r->error.find("collective mismatch") != std::string::npos ? Error::kMismatch : Error::kPeerFailure;
+  Error::Kind kind = noticeKind(r->error);  // mismatch, revoked (issue 18) or peer failure
   if (r->failure == Request::kLocal) kind = Error::kInvalidArgument;  // our own buffer, not the peer
   throw Error(kind, std::string(collName(args_.coll)) + " on rank " + std::to_string(rank_) + " failed: " + r->error);
 }

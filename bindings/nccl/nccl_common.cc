@@ -57,6 +57,7 @@ ncclResult_t resultOf(const std::exception& e) {
     case Error::kSystem:
       return std::strstr(he->what(), "cuda error") ? ncclUnhandledCudaError : ncclSystemError;
     case Error::kUnavailable: return ncclSystemError;
+    case Error::kRevoked: return ncclRemoteError;
     default: return ncclInternalError;
   }
 }

@@ -132,4 +132,10 @@ Error ErrnoError(const std::string& what, int err) {
   return Error(Error::kSystem, what + ": " + std::strerror(err));
 }
 
+Error::Kind noticeKind(const std::string& text) {
+  if (text.find("collective mismatch") != std::string::npos) return Error::kMismatch;
+  if (text.find(kRevokedMark) != std::string::npos) return Error::kRevoked;
+  return Error::kPeerFailure;
+}
+
 }  // namespace harp

@@ -79,7 +79,8 @@ class Error : public std::runtime_error {
   // kind), kPeerFailure (a peer died, disconnected or aborted), kTimeout (a
   // blocking wait ran past its deadline), kSystem (OS / library call failed),
   // kUnavailable (transport or feature not available on this machine/build),
-  // kInternal (a HARP bug).
+  // kInternal (a HARP bug), kRevoked (the communicator was revoked: some rank
+  // called revoke(), usually after a failure; see Communicator::revoke).
   enum Kind {
 #define HARP_ERROR(e, value, py, nccl) e = value,
 #include "core/base/vocab.def"
@@ -95,5 +96,11 @@ inline Error InvalidArgument(const std::string& m) { return Error(Error::kInvali
 inline Error SystemError(const std::string& m) { return Error(Error::kSystem, m); }
 // "what: strerror(errno)"
 Error ErrnoError(const std::string& what, int err);
+
+// The kind of error a peer's abort notice (or a failure text quoting one)
+// stands for: kMismatch when it names a collective mismatch, kRevoked when it
+// carries kRevokedMark, otherwise kPeerFailure.
+constexpr const char* kRevokedMark = "communicator revoked by rank ";
+Error::Kind noticeKind(const std::string& text);
 
 }  // namespace harp

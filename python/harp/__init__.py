@@ -22,6 +22,7 @@ from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, Mismatch
 from ._env import init, launch_env
 from .topology import topology  # issue 16: host map of a communicator
 from . import compress  # noqa: F401  (issue 17: wire compression, harp.compress)
+from .errors import RevokedError  # issue 18 (fault tolerance); harp.elastic is imported on use
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR
@@ -41,5 +42,6 @@ def transports():
 __all__ = [
     "Communicator", "UniqueId", "Work", "get_unique_id", "init", "launch_env", "transports", "DataType", "ReduceOp",
     "HarpError", "HarpTimeoutError", "InvalidArgumentError", "MismatchError", "PeerError", "UnavailableError",
+    "RevokedError",
     "SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "UNDEFINED",
 ]

@@ -452,6 +452,41 @@ class Communicator:
     def __repr__(self):
         return f"<harp.Communicator rank {self.rank} of {self.size}>"
 
+    # -- fault tolerance (issue 18; core/communicator_ft.cc) ------------------------
+    def revoke(self):
+        """Break the communicator on every rank: every pending and later operation raises
+        RevokedError (a PeerError). Not collective; any thread."""
+        self._c.revoke()
+
+    @property
+    def revoked(self) -> bool:
+        return self._c.revoked
+
+    def failed_ranks(self) -> list:
+        """Ranks this rank's keep-alive found dead, frozen or cut off (HARP_KEEPALIVE_TIMEOUT)."""
+        return list(self._c.failed_ranks())
+
+    def agree(self, flag: bool = True):
+        """Fault-tolerant agreement among the survivors: ``(AND of their flags, sorted failed ranks)``,
+        the same on every rank that returns. Completes when ranks die during it. Runs through the
+        bootstrap store, whose host (the launcher, or the process that made the unique id) must live."""
+        ok, failed = self._c.agree(bool(flag))
+        return bool(ok), list(failed)
+
+    def shrink(self, exclude: Optional[Sequence[int]] = None) -> "Communicator":
+        """Collective over the survivors: a new communicator without ``exclude`` (None: the failed
+        set of ``agree()``); ranks renumbered contiguously in old-rank order. New connections."""
+        ex = None if exclude is None else [check_int(r, "shrink: exclude", 0, self.size - 1) for r in exclude]
+        return Communicator(0, 0, _impl=self._c.shrink(ex))
+
+    def grow(self, new_size: int, unique_id=None) -> "Communicator":
+        """Collective over this communicator and the joiners: a communicator of ``new_size`` ranks;
+        current ranks keep their numbers, joiners call ``harp.Communicator(rank, new_size, unique_id)``
+        with rank >= size. Rank 0 passes a fresh ``harp.get_unique_id()`` (the others may pass None)."""
+        new_size = check_int(new_size, "grow: new_size", self.size + 1, 2**31 - 1)
+        uid = None if unique_id is None else bytes(unique_id)
+        return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
+
 
 class UniqueId:
     """128 opaque bytes that identify a job's bootstrap root (like ncclUniqueId)."""

@@ -30,3 +30,9 @@ class HarpTimeoutError(HarpError, TimeoutError):
 
 class UnavailableError(HarpError):
     """A transport or feature is not available on this machine or build."""
+
+
+class RevokedError(PeerError):
+    """The communicator was revoked (``comm.revoke()`` on some rank, usually
+    after a failure). Every pending and later operation raises it; recover with
+    ``comm.agree()`` / ``comm.shrink()`` (see harp.elastic)."""

@@ -92,6 +92,10 @@ _SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
 available = True
 
 
+# ncclCommShrink / ncclCommRevoke flags (nccl.h 2.27-2.29)
+NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT, NCCL_REVOKE_DEFAULT = 0x00, 0x01, 0x00
+
+
 class _UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * NCCL_UNIQUE_ID_BYTES)]
 
@@ -164,6 +168,11 @@ def _L():
         "ncclRecv": [VP, S, I, I, VP, VP],
         "ncclGroupStart": [],
         "ncclGroupEnd": [],
+        # fault tolerance (issue 18; NCCL 2.27-2.29)
+        "ncclCommRevoke": [VP, I],
+        "ncclCommShrink": [VP, P(I), I, P(VP), VP, I],
+        "ncclCommGetUniqueId": [VP, P(_UniqueId)],
+        "ncclCommGrow": [VP, I, P(_UniqueId), I, P(VP), VP],
     }
     for name, args in sig.items():
         f = getattr(lib, name)
@@ -431,6 +440,40 @@ class NcclCommunicator:
         out = ctypes.c_void_p()
         _check(_L().ncclCommSplit(self._c(), color, key, ctypes.byref(out), None), self._comm)
         return NcclCommunicator._wrap(out.value) if out.value else None
+
+    # -- fault tolerance (issue 18; NCCL 2.27-2.29 semantics, bindings/nccl/nccl_ft.cc) --
+    def revoke(self, flags: int = NCCL_REVOKE_DEFAULT):
+        """ncclCommRevoke: every pending and later operation on every rank fails (ncclRemoteError)."""
+        _check(_L().ncclCommRevoke(self._c(), flags), self._comm)
+
+    def shrink(self, exclude, flags: int = NCCL_SHRINK_DEFAULT) -> "NcclCommunicator":
+        """ncclCommShrink: the communicator of the ranks not in ``exclude`` (only they call it)."""
+        ex = list(exclude)
+        arr = (ctypes.c_int * max(1, len(ex)))(*ex)
+        out = ctypes.c_void_p()
+        _check(_L().ncclCommShrink(self._c(), arr, len(ex), ctypes.byref(out), None, flags), self._comm)
+        return NcclCommunicator._wrap(out.value)
+
+    def get_unique_id(self) -> tuple:
+        """ncclCommGetUniqueId: a fresh id for ncclCommGrow (served by this process)."""
+        uid = _UniqueId()
+        _check(_L().ncclCommGetUniqueId(self._c(), ctypes.byref(uid)), self._comm)
+        raw = ctypes.string_at(ctypes.addressof(uid), NCCL_UNIQUE_ID_BYTES)
+        return tuple(b - 256 if b > 127 else b for b in raw)
+
+    def grow(self, nranks: int, commId=None) -> "NcclCommunicator":
+        """ncclCommGrow on an existing rank (rank 0 passes the id from get_unique_id())."""
+        out = ctypes.c_void_p()
+        uid = None if commId is None else ctypes.byref(_to_uid(commId))
+        _check(_L().ncclCommGrow(self._c(), nranks, uid, -1, ctypes.byref(out), None), self._comm)
+        return NcclCommunicator._wrap(out.value)
+
+    @staticmethod
+    def join(nranks: int, commId, rank: int) -> "NcclCommunicator":
+        """ncclCommGrow on a joining rank (comm NULL)."""
+        out = ctypes.c_void_p()
+        _check(_L().ncclCommGrow(None, nranks, ctypes.byref(_to_uid(commId)), rank, ctypes.byref(out), None))
+        return NcclCommunicator._wrap(out.value)
 
     def _int_query(self, fn) -> int:
         v = ctypes.c_int()

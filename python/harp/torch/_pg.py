@@ -711,12 +711,69 @@ class ProcessGroupHarp(dist.ProcessGroup):
                     pass
         self.shutdown()
 
+    # -- fault tolerance (issue 18): dist.shrink_group ------------------------------------------------------
+    # torch 2.13's backend-neutral shrink_group(ranks_to_exclude) checks `supports_shrinking`, then calls
+    # shrink(sorted excluded ranks, flags, options) on the survivors only and registers the backend it returns
+    # in a new group (it destroys this one afterwards). The survivors rendezvous afresh through the same c10d
+    # store under a prefix unique to this shrink (every survivor counts its shrinks alike); like the core's
+    # Communicator.shrink, the new group makes new connections.
+    @property
+    def supports_shrinking(self):
+        return True
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts=None):
+        ex = sorted(int(r) for r in ranks_to_exclude)
+        if self._rank in ex:
+            raise RuntimeError(f"harp: shrink on {self._desc}: this rank is excluded and must not call it")
+        if shrink_flags & 1:  # SHRINK_ABORT: fail the parent's pending operations first
+            for c in (self._coll, self._up, self._down):
+                if c is not None:
+                    c.revoke()
+        self._shrinks = getattr(self, "_shrinks", 0) + 1
+        keep = [r for r in range(self._size) if r not in ex]
+        prefix = f"harp/shrink{self._shrinks}-{'.'.join(map(str, ex))}/"
+        t = getattr(opts, "_timeout", None) if opts is not None else None
+        timeout = t if t is not None else (None if self._timeout < 0 else datetime.timedelta(seconds=self._timeout))
+        return ProcessGroupHarp(dist.PrefixStore(prefix, self._store), keep.index(self._rank), len(keep), timeout,
+                                f"{self._name}:shrunk")
+
     def size(self):
         return self._size
 
     def rank(self):
         return self._rank
 
+
+def _install_shrink_shim():
+    """torch 2.13's shrink_group assumes a C++ c10d Backend: it fetches the group's with _get_backend(device)
+    and registers the shrunk one in a fresh ProcessGroup. A Python process group (this one) has no C++ backend,
+    so for a ProcessGroupHarp the group itself is the backend, and the ProcessGroupHarp that shrink() returns is
+    the new group — as torch's _new_process_group_helper treats Python process groups. Other groups go through
+    torch's own code untouched."""
+    c10d = dist.distributed_c10d
+    validate = getattr(c10d, "_validate_shrink_backend_requirements", None)
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if validate is None or create is None or getattr(validate, "_harp", False):
+        return
+
+    def _validate(group_info):
+        pg = group_info["process_group"]
+        return pg if isinstance(pg, ProcessGroupHarp) else validate(group_info)
+
+    def _create(new_backend, remaining_ranks, metadata, is_default_group):
+        if not isinstance(new_backend, ProcessGroupHarp):
+            return create(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        desc = "default:shrunken" if is_default_group else f"{metadata['original_group_name']}:shrunk"
+        new_backend._set_group_desc(desc)
+        return new_backend
+
+    _validate._harp = True
+    c10d._validate_shrink_backend_requirements = _validate
+    c10d._create_shrunk_process_group = _create
+
+
+_install_shrink_shim()
 
 _tls = threading.local()
 

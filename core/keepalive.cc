@@ -1,0 +1,199 @@
+// core/keepalive.cc — the heartbeat thread of core/keepalive.h.
+#include "core/keepalive.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/base/crypto.h"
+#include "core/base/log.h"
+#include "core/base/socket.h"
+#include "core/base/types.h"
+
+namespace harp {
+namespace {
+
+constexpr char kMagic[4] = {'H', 'K', 'A', '1'};
+constexpr uint8_t kBeat = 1, kBye = 2;
+constexpr size_t kSigned = 24, kMacBytes = 16, kPacket = kSigned + kMacBytes;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string mac(const std::string& key, const char* p) {
+  return crypto::hmacSha256(key, std::string(p, kSigned)).substr(0, kMacBytes);
+}
+
+}  // namespace
+
+struct KeepAlive::Peer {
+  SockAddr addr;
+  double last = 0;        // when its latest beat arrived (start time before the first)
+  uint32_t last_seq = 0;  // newest sequence accepted
+  bool gone = false;      // said bye: left cleanly, never reported
+  bool failed = false;    // reported
+};
+
+KeepAlive::KeepAlive(int rank, int size, uint64_t comm_id, const std::string& secret, double interval_s,
+                     double timeout_s, const std::string& bind_host)
+    : rank_(rank), size_(size), comm_id_(comm_id), key_(crypto::deriveKey(secret, "keepalive")),
+      interval_s_(interval_s), timeout_s_(timeout_s) {
+  SockAddr a = SockAddr::parse(bind_host, 0);
+  fd_ = ::socket(a.family(), SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd_ < 0) throw ErrnoError("keep-alive socket", errno);
+  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&a.ss), a.len) != 0) {
+    int e = errno;
+    ::close(fd_);
+    throw ErrnoError("keep-alive bind to " + a.str(), e);
+  }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    int e = errno;
+    ::close(fd_);
+    throw ErrnoError("keep-alive eventfd", e);
+  }
+}
+
+KeepAlive::~KeepAlive() { stop(); }
+
+std::string KeepAlive::localAddress() const { return localAddrOf(fd_).str(); }
+
+std::vector<int> KeepAlive::watched() const {
+  std::vector<int> w;
+  if (size_ <= kAllToAllRanks) {
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) w.push_back(r);
+    return w;
+  }
+  for (int d : {-2, -1, 1, 2}) w.push_back(((rank_ + d) % size_ + size_) % size_);
+  std::sort(w.begin(), w.end());
+  w.erase(std::unique(w.begin(), w.end()), w.end());
+  return w;
+}
+
+void KeepAlive::start(const std::vector<std::string>& addrs, std::function<std::string(int)> describe,
+                      OnFailure cb) {
+  if (static_cast<int>(addrs.size()) != size_) throw Error(Error::kInternal, "keep-alive: wrong address count");
+  peers_.resize(size_);
+  const double t = now();
+  watch_.clear();
+  for (int r : watched())
+    if (!addrs[r].empty()) watch_.push_back(r);  // "": that rank runs no keep-alive
+  for (int r : watch_) {
+    peers_[r].addr = SockAddr::parse(addrs[r], 0);
+    peers_[r].last = t;
+  }
+  describe_ = std::move(describe);
+  cb_ = std::move(cb);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void KeepAlive::stop() {
+  if (thread_.joinable()) {
+    stop_.store(true);
+    uint64_t one = 1;
+    ssize_t n = ::write(wake_fd_, &one, 8);
+    (void)n;
+    thread_.join();
+    beat(kBye);
+  }
+  if (fd_ >= 0) ::close(fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  fd_ = wake_fd_ = -1;
+}
+
+std::vector<int> KeepAlive::failed() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return failed_;
+}
+
+// One packet to every watched peer (best effort: a full socket buffer or an
+// unreachable peer only loses this beat).
+void KeepAlive::beat(uint8_t kind) {
+  if (fd_ < 0) return;
+  char p[kPacket] = {};
+  std::memcpy(p, kMagic, 4);
+  p[4] = static_cast<char>(kind);
+  std::memcpy(p + 8, &comm_id_, 8);
+  int32_t r = rank_;
+  std::memcpy(p + 16, &r, 4);
+  uint32_t s = ++seq_;
+  std::memcpy(p + 20, &s, 4);
+  std::memcpy(p + kSigned, mac(key_, p).data(), kMacBytes);
+  for (int q : watch_) {
+    const SockAddr& a = peers_[q].addr;
+    ssize_t n = ::sendto(fd_, p, kPacket, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&a.ss), a.len);
+    (void)n;
+  }
+}
+
+// Drain the socket; a packet counts only when it is exactly one heartbeat of
+// this communicator, from a watched rank, signed, and newer than the last.
+void KeepAlive::receive(double t) {
+  char p[kPacket + 1];
+  for (;;) {
+    ssize_t n = ::recv(fd_, p, sizeof p, MSG_DONTWAIT);
+    if (n < 0) return;
+    if (n != static_cast<ssize_t>(kPacket) || std::memcmp(p, kMagic, 4) != 0) continue;
+    uint64_t id;
+    int32_t r;
+    uint32_t s;
+    std::memcpy(&id, p + 8, 8);
+    std::memcpy(&r, p + 16, 4);
+    std::memcpy(&s, p + 20, 4);
+    if (id != comm_id_ || r < 0 || r >= size_ || r == rank_ || peers_[r].addr.len == 0) continue;
+    if (!crypto::equal(mac(key_, p), std::string(p + kSigned, kMacBytes))) continue;
+    Peer& peer = peers_[r];
+    if (s <= peer.last_seq) continue;
+    peer.last_seq = s;
+    peer.last = t;
+    if (p[4] == kBye) peer.gone = true;
+  }
+}
+
+void KeepAlive::detect(double t) {
+  std::vector<int> now_failed;
+  for (int r : watch_) {
+    Peer& p = peers_[r];
+    if (p.gone || p.failed || t - p.last <= timeout_s_) continue;
+    p.failed = true;
+    now_failed.push_back(r);
+  }
+  if (now_failed.empty()) return;
+  std::string who;
+  for (int r : now_failed) who += (who.empty() ? "" : ", ") + describe_(r);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    failed_.insert(failed_.end(), now_failed.begin(), now_failed.end());
+    std::sort(failed_.begin(), failed_.end());
+  }
+  std::string why = who + (now_failed.size() == 1 ? " is" : " are") + " dead or unreachable: no keep-alive for " +
+                    formatSeconds(timeout_s_) + " s (HARP_KEEPALIVE_TIMEOUT)";
+  HARP_WARN("%s", why.c_str());
+  if (cb_) cb_(now_failed, why);
+}
+
+void KeepAlive::loop() {
+  double next = now();
+  while (!stop_.load()) {
+    double t = now();
+    if (t >= next) {
+      beat(kBeat);
+      next = t + interval_s_;
+    }
+    detect(t);
+    pollfd pfds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int ms = static_cast<int>(std::max(1.0, (next - now()) * 1000.0));
+    int n = ::poll(pfds, 2, ms);
+    if (n > 0 && pfds[0].revents) receive(now());
+  }
+}
+
+}  // namespace harp

@@ -1,0 +1,89 @@
+// core/keepalive.h — failure detection by heartbeat, independent of collectives.
+//
+// A dead (kill -9), frozen (SIGSTOP) or cut-off rank is found within about
+// HARP_KEEPALIVE_TIMEOUT seconds, whatever the collective timeout, also while
+// every rank is blocked in a collective: each communicator of more than one
+// rank runs one KeepAlive, a thread with one UDP socket that sends a 40-byte
+// heartbeat to its watched peers every HARP_KEEPALIVE_INTERVAL seconds and
+// reports a watched peer silent for HARP_KEEPALIVE_TIMEOUT seconds to the
+// owner's callback (Communicator: markBroken naming the rank, which tells every
+// other peer through the transports' abort notices).
+//
+// Watched peers: every other rank up to kAllToAllRanks ranks; beyond that the
+// two neighbours on each side of the rank ring (each failure is seen by up to
+// four ranks, and agree() collects what every rank saw).
+//
+// Wire: magic "HKA1" | kind (1 beat, 2 bye) | 3 zero bytes | comm id (8) |
+// rank (4) | sequence (4) | HMAC-SHA256(key, the first 24 bytes) truncated to
+// 16 bytes. The key derives from the communicator's secret token, so nobody
+// outside the job can keep a dead rank alive or declare a live one gone by
+// sending packets; a replayed beat (sequence not newer) is ignored. A bye (sent
+// by stop(), on destroy) retires the sender: it is never reported.
+//
+// Cost: nothing on the collective path (no shared state is read there). The
+// thread sleeps in poll(2) between beats; no busy loop.
+//
+// Lifetime and threading: create, start() once, stop() (or destroy) once; the
+// callback runs on the keep-alive thread, at most once per failed rank, and
+// must not call stop(). failed() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace harp {
+
+class KeepAlive {
+ public:
+  static constexpr int kAllToAllRanks = 32;
+  // ranks newly found failed, and a sentence naming them
+  using OnFailure = std::function<void(const std::vector<int>& ranks, const std::string& why)>;
+
+  // Binds a UDP socket on bind_host (port 0). secret: the communicator's token.
+  KeepAlive(int rank, int size, uint64_t comm_id, const std::string& secret, double interval_s, double timeout_s,
+            const std::string& bind_host);
+  ~KeepAlive();
+  KeepAlive(const KeepAlive&) = delete;
+  KeepAlive& operator=(const KeepAlive&) = delete;
+
+  // "host:port" to publish to the peers.
+  std::string localAddress() const;
+  // addrs[r]: rank r's localAddress() (this rank's own entry is ignored).
+  // describe(r) names a rank in messages ("rank 3 (host, pid 42)").
+  void start(const std::vector<std::string>& addrs, std::function<std::string(int)> describe, OnFailure cb);
+  // Sends a bye to the watched peers, ends the thread, closes the sockets. Idempotent.
+  void stop();
+  // Ranks found failed so far (sorted).
+  std::vector<int> failed() const;
+  double timeout() const { return timeout_s_; }
+
+ private:
+  struct Peer;
+  void loop();
+  void beat(uint8_t kind);
+  void receive(double now);
+  void detect(double now);
+  std::vector<int> watched() const;
+
+  int rank_, size_;
+  uint64_t comm_id_;
+  std::string key_;
+  double interval_s_, timeout_s_;
+  int fd_ = -1, wake_fd_ = -1;
+  uint32_t seq_ = 0;
+  std::vector<Peer> peers_;
+  std::vector<int> watch_;
+  std::function<std::string(int)> describe_;
+  OnFailure cb_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<int> failed_;
+};
+
+}  // namespace harp

@@ -1,0 +1,150 @@
+"""harp.elastic — training that keeps going when ranks die (issue 18).
+
+The shape users know from Horovod elastic (``hvd.elastic.run``, state
+commit/restore) and torchft (a per-step quorum), over HARP's fault-tolerant
+core (``Communicator.revoke/agree/shrink``)::
+
+    import numpy as np, harp, harp.elastic as elastic
+
+    comm = harp.init()
+    state = elastic.State(weights=np.zeros(1000, np.float32), step=0)
+
+    def train(comm, state):
+        while state.step < 1000:
+            g = compute_gradient(state.weights)
+            comm.allreduce(g, op="avg")
+            state.weights -= 0.1 * g
+            state.step += 1
+            if state.step % 10 == 0:
+                state.commit()          # what a failure rolls back to
+        return state.weights
+
+    weights = elastic.run(train, comm, state, min_workers=4)
+
+What happens on a failure: a collective raises (a dead, frozen or cut-off rank
+is named within HARP_KEEPALIVE_TIMEOUT, 3 s by default; a revoke from another
+rank raises RevokedError). ``run`` then revokes the communicator (so every rank
+leaves its collective), agrees on the failed set (``comm.agree``), shrinks to
+the survivors (``comm.shrink``), restores the last committed state, copies rank
+0's committed state to everyone (``State.sync``) and calls ``train`` again with
+the new communicator. What is lost: the steps since the last commit (they are
+recomputed by the survivors, now fewer, so with a fixed global batch each does
+more work). What must stay alive: the bootstrap store's host (the launcher, or
+the process that made the unique id — rank 0 under plain ``harp.init()``), like
+torchft's lighthouse; a failure of that process ends the job.
+
+Workers: ``min_workers`` — fewer survivors than this raises the failure instead
+of continuing; ``max_workers`` — a bound checked at start. Replacement workers
+join with ``comm.grow(new_size, uid)`` on the survivors and
+``harp.Communicator(rank, new_size, uid)`` on the new processes, at a point the
+program chooses (typically right after a commit, followed by ``state.sync``);
+``run`` does not start processes.
+
+Threading: one thread drives ``run``; ``State`` is not locked.
+"""
+from __future__ import annotations
+
+import copy
+import pickle
+import time
+
+import numpy as np
+
+from .errors import HarpError, InvalidArgumentError
+
+__all__ = ["State", "run", "Reset"]
+
+
+class State:
+    """Named training state (numpy arrays, numbers, any picklable object) with commit/restore/sync.
+
+    Attributes read and write the live values (``state.step += 1``); ``commit()`` takes a copy,
+    ``restore()`` puts the copy back, ``sync(comm)`` makes every rank's committed and live state
+    equal to rank ``root``'s committed state."""
+
+    def __init__(self, **items):
+        object.__setattr__(self, "_live", dict(items))
+        object.__setattr__(self, "_saved", copy.deepcopy(items))
+        object.__setattr__(self, "commits", 0)
+
+    def __getattr__(self, name):
+        try:
+            return self._live[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        if name == "commits":
+            object.__setattr__(self, name, value)
+        else:
+            self._live[name] = value
+
+    def commit(self):
+        """Save the live state: a later failure rolls back to here."""
+        object.__setattr__(self, "_saved", copy.deepcopy(self._live))
+        self.commits += 1
+
+    def restore(self):
+        """Put the last committed state back (the live values since are lost)."""
+        object.__setattr__(self, "_live", copy.deepcopy(self._saved))
+
+    def sync(self, comm, root: int = 0):
+        """Collective: every rank takes rank ``root``'s committed state (then live = committed)."""
+        blob = pickle.dumps(self._saved, protocol=pickle.HIGHEST_PROTOCOL) if comm.rank == root else b""
+        n = np.array([len(blob)], np.int64)
+        comm.broadcast(n, root=root)
+        buf = np.frombuffer(blob, np.uint8).copy() if comm.rank == root else np.empty(int(n[0]), np.uint8)
+        comm.broadcast(buf, root=root)
+        if comm.rank != root:
+            object.__setattr__(self, "_saved", pickle.loads(buf.tobytes()))
+        self.restore()
+
+
+class Reset:
+    """What ``run`` passes to ``on_reset`` after each recovery."""
+
+    def __init__(self, failed, old_size, new_comm, seconds):
+        self.failed = list(failed)   # old ranks that were lost
+        self.old_size = old_size
+        self.comm = new_comm
+        self.seconds = seconds       # from the error to the restored, synced state
+
+    def __repr__(self):
+        return f"<harp.elastic.Reset lost {self.failed} of {self.old_size}, now {self.comm.size}, {self.seconds:.2f} s>"
+
+
+def run(train, comm, state: State, *, min_workers: int = 1, max_workers: int | None = None, on_reset=None,
+        max_resets: int | None = None):
+    """Call ``train(comm, state)``; on a HARP failure, recover (revoke, agree, shrink, restore, sync) and call it
+    again with the survivors' communicator. Returns what ``train`` returns. ``on_reset(Reset)`` is called after
+    each recovery (e.g. to rebuild objects bound to the old communicator). The caller owns ``comm``; the
+    communicators ``run`` makes are destroyed by it on the next recovery, the last one is left to the caller
+    (``Reset.comm``, also passed to ``train``)."""
+    if max_workers is not None and comm.size > max_workers:
+        raise InvalidArgumentError(f"harp.elastic.run: {comm.size} workers exceed max_workers={max_workers}")
+    if state.commits == 0:
+        state.commit()
+    resets, current = 0, comm
+    while True:
+        try:
+            return train(current, state)
+        except HarpError as err:
+            if isinstance(err, InvalidArgumentError):
+                raise
+            t0 = time.monotonic()
+            current.revoke()  # every rank leaves whatever collective it is in
+            _, failed = current.agree(True)
+            if current.size - len(failed) < min_workers:
+                raise HarpError(f"harp.elastic: {current.size - len(failed)} workers left after losing ranks "
+                                f"{failed}, fewer than min_workers={min_workers}: {err}") from err
+            new = current.shrink(failed)
+            if current is not comm:
+                current.destroy()
+            old_size, current = current.size, new
+            state.restore()
+            state.sync(current)
+            resets += 1
+            if on_reset is not None:
+                on_reset(Reset(failed, old_size, current, time.monotonic() - t0))
+            if max_resets is not None and resets > max_resets:
+                raise

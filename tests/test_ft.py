@@ -1,0 +1,404 @@
+"""Fault tolerance (issue 18): revoke, failure detection by keep-alive, agree,
+shrink, grow, and no leaked resources afterwards.
+
+Real processes over loopback (tests/harness.py; the unique id's store lives in
+the pytest process, so it survives any rank). No timed assertions: a failure
+must be explained by the keep-alive because the collective timeout is far
+larger (HARP_TIMEOUT 120 s, keep-alive 2 s) and the message must say so.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import harp
+from harness import RankFailure, run_ranks, start_ranks
+
+KA = {"HARP_KEEPALIVE_INTERVAL": "0.5", "HARP_KEEPALIVE_TIMEOUT": "2", "HARP_TIMEOUT": "120"}
+TRANSPORTS = ["tcp", "shm"]
+
+
+def _env(transport, **extra):
+    return {**KA, "HARP_TRANSPORT": transport, **extra}
+
+
+def _data(rank, n=1001):
+    """Integers in float64 and int64: any summation order gives the same bits."""
+    g = np.random.default_rng(1000 + rank)
+    return g.integers(-1000, 1000, n).astype(np.float64), g.integers(-2**40, 2**40, n, dtype=np.int64)
+
+
+def _expect(ranks, n=1001):
+    f = sum(_data(r, n)[0] for r in ranks)
+    i = sum(_data(r, n)[1] for r in ranks)
+    return f, i
+
+
+def _allreduce_checked(comm, old_rank, survivors):
+    f, i = _data(old_rank)
+    comm.allreduce(f)
+    comm.allreduce(i)
+    ef, ei = _expect(survivors)
+    return bool(np.array_equal(f, ef) and np.array_equal(i, ei))
+
+
+def _resources():
+    """(open fds, OS threads) of this process."""
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+# ---------------------------------------------------------------------------- revoke
+def _revoke(rank, size):
+    comm = harp.init()
+    comm.allreduce(np.ones(8, np.float32))
+    if rank == 0:
+        time.sleep(0.5)  # the others are blocked in the allreduce below by now
+        comm.revoke()
+        blocked = None
+    else:
+        try:
+            comm.allreduce(np.ones(100_000, np.float32))  # rank 0 never joins it
+            blocked = ("no error", "")
+        except harp.HarpError as e:
+            blocked = (type(e).__name__, str(e))
+    try:  # every later call raises too, on every rank
+        comm.barrier()
+        later = "no error"
+    except harp.HarpError as e:
+        later = type(e).__name__
+    out = blocked, later, comm.revoked, isinstance(harp.RevokedError("x"), harp.PeerError)
+    comm.destroy()
+    return out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_revoke_raises_on_every_rank_also_blocked_ones(transport):
+    res = run_ranks(3, _revoke, env=_env(transport), timeout=90)
+    for rank, (blocked, later, revoked, subclass) in enumerate(res):
+        assert subclass
+        assert later == "RevokedError", (rank, later)
+        assert revoked, rank
+        if rank:
+            assert blocked[0] == "RevokedError" and "revoked by rank 0" in blocked[1], (rank, blocked)
+
+
+# ---------------------------------------------------------------------------- dead and frozen ranks
+def _fail_then_recover(rank, size, victim, how, transport):
+    fd0, th0 = _resources()
+    comm = harp.init()
+    x = np.ones(1 << 18, np.float32)
+    comm.allreduce(x)
+    if rank == victim:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen: sockets stay open, the keep-alive stops
+        time.sleep(600)
+    try:
+        for _ in range(100_000):
+            comm.allreduce(x)
+        err = ("no error", "")
+    except harp.HarpError as e:
+        err = (type(e).__name__, str(e))
+    ok, failed = comm.agree(True)
+    new = comm.shrink()
+    survivors = [r for r in range(size) if r != victim]
+    exact = _allreduce_checked(new, rank, survivors)
+    info = (new.rank, new.size, new.transport((new.rank + 1) % new.size))
+    new.destroy()
+    comm.destroy()
+    return err, ok, failed, exact, info, (fd0, th0), _resources()
+
+
+def _run_with_victim(n, fn, victim, *args, env, timeout=120):
+    """Like run_ranks, but a rank stopped with SIGSTOP never reports: once the others have,
+    kill it and report it as died."""
+    procs, q = start_ranks(n, fn, victim, *args, env=env)
+    deadline = time.monotonic() + timeout
+    out = {}
+    while len(out) < n - 1 and time.monotonic() < deadline:
+        try:
+            r, status, val = q.get(timeout=0.5)
+            out[r] = (status, val)
+        except Exception:  # queue.Empty
+            pass
+    for p in procs:
+        if p.is_alive():
+            p.kill()  # the stopped victim (and, after a failure, anything left)
+        p.join(5)
+    missing = [r for r in range(n) if r != victim and r not in out]
+    if missing:
+        raise RankFailure(f"ranks {missing} did not report")
+    errs = {r: v for r, (s, v) in out.items() if s != "ok"}
+    if errs:
+        raise RankFailure("\n".join(f"rank {r}: {v}" for r, v in errs.items()))
+    return {r: v for r, (s, v) in out.items()}
+
+
+@pytest.mark.parametrize("transport,how", [("tcp", "kill"), ("shm", "kill"), ("tcp", "stop")])
+def test_failed_rank_is_named_then_agree_shrink_and_a_bit_exact_allreduce(transport, how):
+    n, victim = 4, 2
+    shm_before = set(os.listdir("/dev/shm"))
+    res = _run_with_victim(n, _fail_then_recover, victim, how, transport, env=_env(transport))
+    assert sorted(res) == [0, 1, 3]
+    new_ranks = []
+    for r, (err, ok, failed, exact, info, before, after) in res.items():
+        cls, msg = err
+        assert cls == "PeerError", (r, err)
+        assert "rank 2" in msg, (r, msg)  # every survivor names the dead rank
+        if how == "stop":
+            # frozen: no EOF, no reset; only the keep-alive (2 s << HARP_TIMEOUT 120 s) can tell
+            assert "keep-alive" in msg and "timed out" not in msg, (r, msg)
+        assert ok is True and failed == [victim], (r, ok, failed)
+        assert exact, r
+        new_ranks.append(info[:2])
+        assert info[2] == transport
+        assert after == before, f"rank {r}: (fds, threads) before {before}, after {after}"
+    assert sorted(new_ranks) == [(0, 3), (1, 3), (2, 3)]
+    assert {r: info[0] for r, (_, _, _, _, info, _, _) in res.items()} == {0: 0, 1: 1, 3: 2}
+    time.sleep(0.2)
+    leaked = set(os.listdir("/dev/shm")) - shm_before
+    assert not [f for f in leaked if "harp" in f.lower()], leaked
+
+
+# ---------------------------------------------------------------------------- agree semantics
+def _agree_flags(rank, size):
+    comm = harp.init()
+    a = comm.agree(rank != 1)  # rank 1 votes False
+    b = comm.agree(True)
+    comm.destroy()
+    return a, b
+
+
+def test_agree_is_the_and_of_the_flags_and_repeats():
+    res = run_ranks(3, _agree_flags, env=_env("tcp"), timeout=60)
+    assert all(a == (False, []) and b == (True, []) for a, b in res), res
+
+
+# ---------------------------------------------------------------------------- shrink with exclude, grow
+def _exclude(rank, size, transport):
+    comm = harp.init()
+    if rank == 2:
+        try:
+            comm.shrink([2])
+            own = "no error"
+        except harp.InvalidArgumentError as e:
+            own = str(e)
+        comm.destroy()
+        return own, None
+    try:
+        comm.shrink([size])
+        bad = "no error"
+    except harp.InvalidArgumentError as e:
+        bad = str(e)
+    new = comm.shrink([2])
+    exact = _allreduce_checked(new, rank, [0, 1, 3, 4])
+    out = (new.rank, new.size, exact, bad)
+    new.destroy()
+    comm.destroy()
+    return None, out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_shrink_with_explicit_exclude_on_a_healthy_communicator(transport):
+    res = run_ranks(5, _exclude, transport, env=_env(transport), timeout=90)
+    assert "excluded" in res[2][0], res[2]
+    got = {r: res[r][1] for r in (0, 1, 3, 4)}
+    for r, (nr, ns, exact, bad) in got.items():
+        assert ns == 4 and exact, (r, got[r])
+        assert "out of range" in bad, bad
+    assert [got[r][0] for r in (0, 1, 3, 4)] == [0, 1, 2, 3]
+
+
+def _grow_member(rank, size, uid_a, uid_b):
+    if rank < 2:
+        comm = harp.Communicator(rank, 2, harp.UniqueId.from_hex(uid_a))
+        comm.allreduce(np.ones(4, np.float32))
+        big = comm.grow(3, harp.UniqueId.from_hex(uid_b) if rank == 0 else None)
+    else:
+        comm = None
+        big = harp.Communicator(2, 3, harp.UniqueId.from_hex(uid_b))
+    exact = _allreduce_checked(big, rank, [0, 1, 2])
+    out = (big.rank, big.size, exact)
+    big.destroy()
+    if comm is not None:
+        comm.destroy()
+    return out
+
+
+def test_grow_adds_a_joining_rank_with_a_fresh_unique_id():
+    a, b = harp.get_unique_id("127.0.0.1:0"), harp.get_unique_id("127.0.0.1:0")
+    res = run_ranks(3, _grow_member, a.hex(), b.hex(), env=_env("tcp"), timeout=90)
+    assert res == [(0, 3, True), (1, 3, True), (2, 3, True)], res
+
+
+# ---------------------------------------------------------------------------- torch dist.shrink_group
+def _torch_shrink(rank, size, url, victim):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import harp.torch  # noqa: F401  registers "harp"
+
+    torch.set_num_threads(1)
+    dist.init_process_group("harp", init_method=url, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    pg = dist.group.WORLD
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == victim:
+        os._exit(3)  # an excluded rank terminates (torch's contract): no goodbye, no destroy
+    checks = []
+    for bad in ([], [size], [victim, victim]):
+        try:
+            dist.shrink_group(bad)
+            checks.append("no error")
+        except ValueError:
+            checks.append("ValueError")
+    new = dist.shrink_group([victim])
+    t = torch.full((7,), float(rank + 1), dtype=torch.float64)
+    dist.all_reduce(t)  # on the new default group
+    out = (dist.get_world_size(), dist.get_rank(), new.size(), float(t[0]), checks,
+           dist.get_backend(new), pg is not new)
+    dist.destroy_process_group()
+    # an aborted group can be destroyed and a new one created afterwards
+    return out
+
+
+def test_torch_shrink_group_on_harp(tmp_path):
+    pytest.importorskip("torch")
+    n, victim = 4, 1
+    res = run_ranks(n, _torch_shrink, f"file://{tmp_path}/store", victim, env=_env("tcp"), timeout=200,
+                    allow_errors=True)
+    want = float(sum(r + 1 for r in range(n) if r != victim))
+    new_ranks = []
+    for r, (status, val) in enumerate(res):
+        if r == victim:
+            continue
+        assert status == "ok", val
+        world, grank, gsize, total, checks, backend, fresh = val
+        assert (world, gsize, total) == (3, 3, want), val
+        assert checks == ["ValueError"] * 3, checks
+        assert backend == "harp" and fresh
+        new_ranks.append(grank)
+    assert sorted(new_ranks) == [0, 1, 2]
+
+
+def _torch_abort_recreate(rank, size, url):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import harp.torch  # noqa: F401
+
+    dist.init_process_group("harp", init_method=url + "1", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    if rank == 0:
+        dist.group.WORLD.abort()  # ProcessGroupHarp.abort: every rank's pending and later calls fail
+    err = None
+    try:
+        dist.all_reduce(torch.ones(3))
+    except Exception as e:  # noqa: BLE001
+        err = type(e).__name__
+    dist.destroy_process_group()
+    dist.init_process_group("harp", init_method=url + "2", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return err, float(t[0])
+
+
+def test_torch_aborted_group_raises_distbackenderror_and_can_be_recreated(tmp_path):
+    pytest.importorskip("torch")
+    res = run_ranks(2, _torch_abort_recreate, f"file://{tmp_path}/s", env=_env("tcp"), timeout=120)
+    assert all(v[1] == 2.0 for v in res), res
+    assert res[1][0] == "DistBackendError", res
+
+
+# ---------------------------------------------------------------------------- NCCL API (ctypes)
+def _nccl_ft(rank, size, uid_grow_hex):
+    from harp import nccl
+
+    comm = nccl.NcclCommunicator(size, bytes.fromhex(os.environ["HARP_UNIQUE_ID"]), rank)
+    x = np.ones(5, np.float32)
+    comm.allReduce(x, x, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+    out = {}
+    if rank == 3:  # excluded: does not call shrink; leaves
+        comm.destroy()
+        return {"excluded": True}
+    try:
+        comm.shrink([7])
+        out["bad"] = "no error"
+    except nccl.NcclError as e:
+        out["bad"] = e.status
+    small = comm.shrink([3], nccl.NCCL_SHRINK_ABORT)
+    y = np.full(5, rank + 1.0, np.float32)
+    small.allReduce(y, y, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+    out["shrunk"] = (small.rank_id(), small.size(), float(y[0]))
+    uid = small.get_unique_id() if small.rank_id() == 0 else None
+    if uid is not None:
+        with open(uid_grow_hex, "wb") as f:  # to the joiner, out of band (a file here)
+            f.write(bytes((b + 256) % 256 for b in uid))
+    small.revoke()
+    try:
+        small.allReduce(y, y, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+        out["after_revoke"] = "no error"
+    except nccl.NcclError as e:
+        out["after_revoke"] = e.status
+    small.destroy()
+    comm.destroy()
+    return out
+
+
+def test_nccl_shrink_revoke_and_get_unique_id(tmp_path):
+    from harp import nccl
+
+    try:
+        nccl._L()
+    except (ImportError, OSError) as e:
+        pytest.skip(f"no libharp-nccl.so: {e}")
+    res = run_ranks(4, _nccl_ft, str(tmp_path / "uid"), env=_env("tcp"), timeout=120)
+    assert res[3] == {"excluded": True}
+    assert sorted(r["shrunk"] for r in res[:3]) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)], res
+    for r in res[:3]:
+        assert r["bad"] == nccl.NCCL_INVALID_ARGUMENT, r
+        assert r["after_revoke"] == nccl.NCCL_REMOTE_ERROR, r
+    assert len((tmp_path / "uid").read_bytes()) == 128
+
+
+# ---------------------------------------------------------------------------- harp.elastic
+def _elastic(rank, size, victim, die_at):
+    import harp.elastic as elastic
+
+    comm = harp.init()
+    state = elastic.State(w=np.zeros(64, np.float64), step=0)
+    resets = []
+
+    def train(c, st):
+        while st.step < 30:
+            if rank == victim and st.step == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            g = np.ones(64, np.float64)
+            c.allreduce(g)
+            st.w += g / c.size  # exactly +1 per step whatever the size
+            st.step += 1
+            if st.step % 5 == 0:
+                st.commit()
+        return c.size
+
+    final_size = elastic.run(train, comm, state, min_workers=2, on_reset=lambda r: resets.append((r.failed, r.comm.size)))
+    return final_size, state.step, bool(np.all(state.w == 30.0)), resets, state.commits
+
+
+def test_elastic_run_survives_a_killed_rank_and_finishes_every_step():
+    res = run_ranks(4, _elastic, 2, 12, env=_env("tcp"), timeout=150, allow_errors=True)
+    assert res[2][0] == "died"
+    for r in (0, 1, 3):
+        status, (size, step, exact, resets, commits) = res[r]
+        assert status == "ok"
+        assert (size, step, exact) == (3, 30, True), res[r]
+        assert resets == [([2], 3)], resets
