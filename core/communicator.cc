@@ -13,6 +13,7 @@
 
 #include "core/algorithms/registry.h"
 #include "core/context.h"
+#include "core/recorder.h"
 #include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/rendezvous.h"
@@ -166,6 +167,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
     std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));
     c->connectAll();
     rendezvousDone(*store);
+    c->attachRecorder();  // issue 19: flight recorder
     return c;
   } catch (const Error& e) {
     postRendezvousError(*store, e.kind() == Error::kInvalidArgument ? Error::kPeerFailure : e.kind(),
@@ -684,6 +686,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     check = a.coll != CollType::kBarrier && a.coll != CollType::kAlltoallv && size_ > 1 &&
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
+  obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // issue 19: flight recorder
   try {
     Context ctx(res_, rank_, size_, a, tag, timeout);
     if (check) {
@@ -693,6 +696,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     algo->fn(ctx);
     if (check) ctx.finishCheck();
     if (!p2p) closingCheck(a, d.seq);
+    recorded.ok();
   } catch (const Error& e) {
     if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
     throw;
@@ -767,6 +771,7 @@ void Communicator::markBroken(const std::string& why) {
     broken_.store(true);
   }
   HARP_WARN("communicator broken: %s", why.c_str());
+  recordFailure(why);  // issue 19: flight-record dump (HARP_FR_DUMP_ON_FAILURE)
   // The notice says which collective this rank completed last, so a peer that
   // finishes that one as well keeps it (closingCheck): ranks agree on it.
   const uint64_t done = done_word_.fetch_or(1, std::memory_order_acq_rel) >> 1;
@@ -796,6 +801,7 @@ void Communicator::destroy() {
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
+  retireRecorder();  // issue 19: off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
   res_.pair_of.assign(size_, nullptr);
@@ -877,7 +883,14 @@ std::shared_ptr<Communicator> Communicator::splitCreate(const std::vector<int64_
   std::string prefix = "split" + std::to_string(comm_id_) + "." + std::to_string(seq) + "." + std::to_string(color) + "/";
   CommOptions o = opts_;
   o.timeout_s = timeout_s_;
-  return create(std::make_shared<PrefixStore>(store_, prefix), new_rank, static_cast<int>(members.size()), o);
+  auto made = create(std::make_shared<PrefixStore>(store_, prefix), new_rank, static_cast<int>(members.size()), o);
+  // Issue 19: the flight record names the parent's global ranks.
+  if (made->recorder_ && recorder_) {
+    std::vector<int> parent = recorder_->globalRanks(), g;
+    for (auto& m : members) g.push_back(parent.at(m.second));
+    made->recorder_->setGlobalRanks(std::move(g));
+  }
+  return made;
 }
 
 }  // namespace harp

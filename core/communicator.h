@@ -45,6 +45,9 @@ namespace harp {
 
 class Context;
 class Communicator;
+namespace obs {
+class Recorder;  // core/recorder.h (issue 19)
+}
 
 struct CommOptions {
   double timeout_s = -1;       // < 0: HARP_TIMEOUT or 300 s
@@ -100,6 +103,10 @@ struct CommResources {
   size_t segment_bytes = 0;    // HARP_SEGMENT_BYTES: pipelining segment
   std::vector<uint8_t> scratch;        // Context::scratch
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
+  // Observability (issue 19): the flight recorder (nullptr: HARP_FR_ENTRIES=0)
+  // and HARP_STALL_WARNING_S, read once; Context::waitAll's stall check.
+  obs::Recorder* recorder = nullptr;
+  double stall_warning_s = 60;
 };
 
 class Work {
@@ -235,6 +242,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   };
   AlgoMemo algo_memo_[32];
   const struct Algorithm* algorithmFor(const CollArgs& a);
+
+  // Observability (issue 19): flight recorder, op counters and metrics
+  // (core/recorder.h); made by attachRecorder() when creation succeeded,
+  // retired by destroy(). core/communicator_obs.cc.
+ public:
+  std::shared_ptr<obs::Recorder> recorder() const { return recorder_; }
+
+ private:
+  void attachRecorder();
+  void retireRecorder();
+  void recordFailure(const std::string& why);
+  std::shared_ptr<obs::Recorder> recorder_;
 };
 
 }  // namespace harp
