@@ -210,7 +210,7 @@ std::vector<const transport::TransportSpec*> usableTransports(const std::string&
     std::string why = spec.unavailable ? spec.unavailable() : "";
     if (!why.empty()) {
       if (!forced.empty()) throw Error(Error::kUnavailable, "HARP_TRANSPORT=" + forced + ": " + why);
-      HARP_INFO("transport %s unavailable: %s", spec.name.c_str(), why.c_str());
+      HARP_INFO_S(LogSubsys::kInit, "transport %s unavailable: %s", spec.name.c_str(), why.c_str());
       continue;
     }
     usable.push_back(&spec);
@@ -251,7 +251,7 @@ void Communicator::connectAll() {
   assignPeers(plan, avail);
   connectTransports(plan, commInfo());
   transport_kind_ = transportKind(res_.transport_of);
-  HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
+  HARP_INFO_S(LogSubsys::kInit, "comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
             reduceKernelName());
 }
 
@@ -293,7 +293,7 @@ void Communicator::adaptSpin() {
     for (const auto& p : peers_) local += p.host_id == peers_[rank_].host_id;
     if (local > env::availableCpus()) res_.spin = 16;
   }
-  HARP_INFO("comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, res_.spin);
+  HARP_INFO_S(LogSubsys::kInit, "comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, res_.spin);
 }
 
 // Per peer: the highest-priority transport both sides have that reaches it.
@@ -355,7 +355,7 @@ void Communicator::connectTransports(const Plan& plan, const transport::CommInfo
     for (int p : plan.peers_of[i]) {
       res_.transport_of[p] = t;
       res_.pair_of[p] = t->pair(p);
-      HARP_INFO("comm %016llx rank %d -> rank %d (%s): transport %s", (unsigned long long)comm_id_, rank_, p,
+      HARP_INFO_S(LogSubsys::kNet, "comm %016llx rank %d -> rank %d (%s): transport %s", (unsigned long long)comm_id_, rank_, p,
                 peers_[p].hostname.c_str(), t->name());
     }
   }
@@ -495,7 +495,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
       if (fell_back)
         HARP_WARN("%s: %s (%zu bytes, %d ranks)", collName(a.coll), sel.reason().c_str(), q.bytes, size_);
       else
-        HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks): %s", collName(a.coll), sel.pick->name, q.bytes, size_,
+        HARP_INFO_S(LogSubsys::kTuning, "%s: algorithm %s (%zu bytes, %d ranks): %s", collName(a.coll), sel.pick->name, q.bytes, size_,
                   sel.reason().c_str());
     }
   }
@@ -698,8 +698,13 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (!p2p) closingCheck(a, d.seq);
     recorded.ok();
   } catch (const Error& e) {
-    if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
-    throw;
+    if (e.kind() == Error::kInvalidArgument) throw;
+    // Issue 19: a timeout (this rank's or a peer's) gains the op-count view
+    // naming the ranks that never started this collective.
+    std::string why = obs::withOpCounts(recorder_.get(), e.what());
+    markBroken(why);
+    if (why.size() == std::strlen(e.what())) throw;
+    throw Error(e.kind(), why);
   }
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||

@@ -4,6 +4,7 @@
 
 #include "core/base/env.h"
 #include "core/base/log.h"
+#include "core/base/stall.h"
 #include "core/communicator.h"
 #include "core/recorder.h"
 
@@ -29,10 +30,16 @@ void Communicator::attachRecorder() {
   recorder_ = std::make_shared<obs::Recorder>(std::move(id), static_cast<size_t>(n), store_);
   res_.recorder = recorder_.get();
   obs::registerRecorder(recorder_);
+  // Waits below core/ (transport/shm's own allreduce loop) warn through this.
+  std::weak_ptr<obs::Recorder> weak = recorder_;
+  stall::set(comm_id_, rank_, res_.stall_warning_s, [weak](double waited_s, const std::string& who) {
+    if (auto r = weak.lock()) obs::stallCheck(r.get(), waited_s, who);
+  });
 }
 
 void Communicator::retireRecorder() {
   if (!recorder_) return;
+  stall::set(comm_id_, rank_, 0, nullptr);
   obs::retireRecorder(recorder_.get());
   recorder_->detachStore();
 }

@@ -151,8 +151,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
       throw Error(Error::kTimeout, describeTag(tag_) + " on rank " + std::to_string(rank_) + " timed out after " +
                                        formatSeconds(timeout_s_) +
                                        " s waiting for rank(s) " + peers +
-                                       " (a rank is stuck, dead, or did not call this collective)" +
-                                       obs::opCountSuffix(res_.recorder));  // issue 19: op-count view
+                                       " (a rank is stuck, dead, or did not call this collective)");
     }
     // Stall warning (issue 19): once per wait, only here on the blocking path.
     if (res_.recorder && !warned &&

@@ -284,13 +284,14 @@ void stallCheck(Recorder* r, double waited_s, const std::string& waiting_for) {
             view.empty() ? "Every rank has started it (a slow or stuck peer, not a missing call)." : view.c_str());
 }
 
-std::string opCountSuffix(Recorder* r) {
-  if (!r) return "";
+std::string withOpCounts(Recorder* r, const std::string& what) {
+  if (!r || what.find("timed out") == std::string::npos || what.find("Missing ranks") != std::string::npos)
+    return what;
   OpSnapshot op;
-  if (!r->inFlight(&op) || op.seq == 0) return "";
+  if (!r->inFlight(&op) || op.seq == 0) return what;
   std::string lag = lagging(r, op.seq, nullptr);
-  if (lag.empty()) return "";
-  return "; op counts disagree. Missing ranks (have not started " +
+  if (lag.empty()) return what;
+  return what + "; op counts disagree. Missing ranks (have not started " +
          std::string(collName(static_cast<CollType>(op.coll))) + " #" + std::to_string(op.seq) + "): " + lag;
 }
 

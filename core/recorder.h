@@ -204,8 +204,11 @@ std::string statusSocketPath();
 // each completed, and keeps the view for the timeout error.
 void stallCheck(Recorder* r, double waited_s, const std::string& waiting_for);
 double stallWarningSeconds(double timeout_s);
-// "; op counts: ..." for a timeout error (stall view, refreshed), or "".
-std::string opCountSuffix(Recorder* r);
+// A failure's text with the op-count view appended ("; op counts disagree.
+// Missing ranks (have not started allreduce #5): 2 (last started #4, ...)")
+// when it is a timeout (this rank's, or a peer's in its abort notice) and
+// some rank has not started the collective in flight; otherwise as is.
+std::string withOpCounts(Recorder* r, const std::string& what);
 
 }  // namespace obs
 }  // namespace harp
