@@ -44,14 +44,16 @@ void Communicator::retireRecorder() {
   recorder_->detachStore();
 }
 
-// A broken communicator writes the process's flight record once per
-// communicator (HARP_FR_DUMP_ON_FAILURE), naming the file in the log.
+// A broken communicator writes the process's flight record once
+// (HARP_FR_DUMP_ON_FAILURE), naming the file in the log, and asks every rank
+// to dump too (core/recorder.h, requestDumps).
 void Communicator::recordFailure(const std::string& why) {
-  if (!recorder_ || !env::flag("HARP_FR_DUMP_ON_FAILURE")) return;
+  if (!recorder_ || !env::flag("HARP_FR_DUMP_ON_FAILURE") || !recorder_->claimDump()) return;
   std::string err, path = obs::dumpFlightRecord(why, &err);
   if (path.empty()) HARP_WARN("flight record not written: %s", err.c_str());
   else HARP_WARN("flight record written to %s (read it with: python -m torch.distributed.flight_recorder.fr_trace <folder>)",
                  path.c_str());
+  recorder_->requestDumps(why);
 }
 
 }  // namespace harp

@@ -279,7 +279,10 @@ void observerLoop(int sig_rd, int listen_fd) {
 void publisherLoop(double every_s) {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::duration<double>(every_s));
-    for (auto& r : liveRecorders()) r->publish(true);
+    for (auto& r : liveRecorders()) {
+      r->publish(true);
+      r->pollDumpRequest();
+    }
   }
 }
 

@@ -219,6 +219,41 @@ std::vector<std::string> Recorder::readCounters(double timeout_s) {
   return out;
 }
 
+bool Recorder::claimDump() { return !dumped_.exchange(true); }
+
+void Recorder::requestDumps(const std::string& why) {
+  std::shared_ptr<Store> s;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    s = store_;
+  }
+  if (!s) return;
+  try {
+    s->setIfAbsent("harp.obs.dump", "rank " + std::to_string(id_.rank) + ": " + why.substr(0, 2000));
+  } catch (const std::exception& e) {
+    HARP_TRACE("dump request not stored: %s", e.what());
+  }
+}
+
+void Recorder::pollDumpRequest() {
+  std::shared_ptr<Store> s;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    s = store_;
+  }
+  if (!s || !s->diagnostics() || dumped_.load()) return;
+  try {
+    if (!s->check({"harp.obs.dump"}).at(0)) return;
+    std::string why = s->get("harp.obs.dump", 1.0);
+    if (!claimDump()) return;
+    std::string err, path = dumpFlightRecord("dump requested by " + why, &err);
+    if (path.empty()) HARP_WARN("flight record not written: %s", err.c_str());
+    else HARP_WARN("flight record written to %s (requested by %s)", path.c_str(), why.substr(0, 200).c_str());
+  } catch (const std::exception& e) {
+    HARP_TRACE("dump request not read: %s", e.what());
+  }
+}
+
 void Recorder::detachStore() {
   std::lock_guard<std::mutex> g(mu_);
   store_.reset();

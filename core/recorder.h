@@ -139,6 +139,15 @@ class Recorder {
   std::vector<std::string> readCounters(double timeout_s);
   void detachStore();  // destroy(): the store may close now
 
+  // Dumps on every rank at the moment one fails (like torch's dump-on-timeout
+  // signal through the store): the failing rank writes its own dump and sets
+  // a key; every rank's publisher thread finds it within HARP_OBS_PUBLISH_S
+  // and dumps too. One dump per communicator and process: a later failure of
+  // the rank that was asked does not overwrite the record of the hang.
+  bool claimDump();                    // true the first time
+  void requestDumps(const std::string& why);
+  void pollDumpRequest();              // the publisher thread
+
   // Stall view: set by the stall check, appended to the timeout error.
   void setStallView(std::string v);
   std::string stallView();
@@ -157,6 +166,7 @@ class Recorder {
   std::vector<int> global_ranks_;
   std::string stall_view_;
   std::string last_published_;
+  std::atomic<bool> dumped_{false};
 };
 
 // RAII for one call of runWith: marks the record failed unless ok() was called.
