@@ -30,12 +30,13 @@ from harness import run_ranks  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 
-def _rank(rank, size, rounds, iters):
+def _rank(rank, size, rounds, iters, swap):
     world = harp.init()
-    os.environ["HARP_FR_ENTRIES"] = "0"
-    off = world.split(0, rank)
-    os.environ["HARP_FR_ENTRIES"] = "2000"
-    on = world.split(0, rank)
+    made = {}
+    for name in (("on", "off") if swap else ("off", "on")):  # --swap: the recorder's communicator first
+        os.environ["HARP_FR_ENTRIES"] = "2000" if name == "on" else "0"
+        made[name] = world.split(0, rank)
+    on, off = made["on"], made["off"]
     x = np.ones(2, np.float32)
     for c in (on, off):  # warm up
         for _ in range(iters):
@@ -60,20 +61,21 @@ def main(argv=None):
     ap.add_argument("--transport", default="shm")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--swap", action="store_true", help="create the recorder's communicator first")
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     import harp.debug  # noqa: F401
     load0 = os.getloadavg()
-    res = run_ranks(a.ranks, _rank, a.rounds, a.iters, env={"HARP_TRANSPORT": a.transport}, timeout=3600)
+    res = run_ranks(a.ranks, _rank, a.rounds, a.iters, a.swap, env={"HARP_TRANSPORT": a.transport}, timeout=3600)
     times, ops = res[0]
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
     ratios = [x / y for x, y in zip(times["on"], times["off"])]
     out = {"stamp": stamp(), "command": " ".join([sys.executable] + sys.argv), "ranks": a.ranks,
-           "transport": a.transport, "rounds": a.rounds, "iters": a.iters, "loadavg_before": load0,
+           "transport": a.transport, "swap": a.swap, "rounds": a.rounds, "iters": a.iters, "loadavg_before": load0,
            "median_us": {"on": on, "off": off}, "ratio_on_off": on / off,
            "per_round_ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)},
            "rank0_ops_recorded": ops, "rounds_us": times}
-    print(f"{a.ranks} ranks, {a.transport}, 8-byte allreduce: recorder on {on:.3f} us, off {off:.3f} us, "
+    print(f"{a.ranks} ranks, {a.transport}{' (recorder comm made first)' if a.swap else ''}, 8-byte allreduce: recorder on {on:.3f} us, off {off:.3f} us, "
           f"on/off {on / off:.4f} (per-round ratio min {min(ratios):.3f} median {statistics.median(ratios):.4f} "
           f"max {max(ratios):.3f}); load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     if a.json:
