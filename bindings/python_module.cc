@@ -20,6 +20,7 @@
 #include "core/base/bootstrap.h"
 #include "core/communicator.h"
 #include "core/compress.h"
+#include "core/recorder.h"
 #include "core/cost.h"
 #include "core/select.h"
 #include "core/base/reduce.h"
@@ -501,4 +502,19 @@ PYBIND11_MODULE(_harp, m) {
         py::gil_scoped_release nogil;
         return c.grow(new_size, uid ? &*uid : nullptr);
       }, py::arg("new_size"), py::arg("unique_id") = py::none());
+  // --- Observability (issue 19): flight recorder, status, metrics (core/recorder.h) ---
+  m.def("obs_status_json", [] { return obs::statusJson(); },
+        "every live communicator of this process (counters, op in flight, metrics) as JSON");
+  m.def("obs_status_socket", [] { return obs::statusSocketPath(); }, "this process's status socket ('' when off)");
+  m.def("fr_pickle", [](const std::string& reason) { return py::bytes(obs::flightRecordPickle(reason)); },
+        py::arg("reason") = "harp.debug");
+  m.def("fr_dump", [](const std::string& reason) {
+    std::string err, path;
+    {
+      py::gil_scoped_release nogil;
+      path = obs::dumpFlightRecord(reason, &err);
+    }
+    if (path.empty()) throw Error(Error::kInternal, "flight record not written: " + err);
+    return path;
+  }, py::arg("reason") = "harp.debug.dump()");
 }

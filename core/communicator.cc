@@ -13,6 +13,7 @@
 
 #include "core/algorithms/registry.h"
 #include "core/context.h"
+#include "core/recorder.h"
 #include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/rendezvous.h"
@@ -169,6 +170,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
     std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));
     c->connectAll();
     rendezvousDone(*store);
+    c->attachRecorder();  // issue 19: flight recorder
     return c;
   } catch (const Error& e) {
     postRendezvousError(*store, e.kind() == Error::kInvalidArgument ? Error::kPeerFailure : e.kind(),
@@ -211,7 +213,7 @@ std::vector<const transport::TransportSpec*> usableTransports(const std::string&
     std::string why = spec.unavailable ? spec.unavailable() : "";
     if (!why.empty()) {
       if (!forced.empty()) throw Error(Error::kUnavailable, "HARP_TRANSPORT=" + forced + ": " + why);
-      HARP_INFO("transport %s unavailable: %s", spec.name.c_str(), why.c_str());
+      HARP_INFO_S(LogSubsys::kInit, "transport %s unavailable: %s", spec.name.c_str(), why.c_str());
       continue;
     }
     usable.push_back(&spec);
@@ -253,7 +255,7 @@ void Communicator::connectAll() {
   connectTransports(plan, commInfo());
   startKeepAlive();  // issue 18: core/communicator_ft.cc
   transport_kind_ = transportKind(res_.transport_of);
-  HARP_INFO("comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
+  HARP_INFO_S(LogSubsys::kInit, "comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
             reduceKernelName());
 }
 
@@ -299,7 +301,7 @@ void Communicator::adaptSpin() {
     for (const auto& p : peers_) local += p.host_id == peers_[rank_].host_id;
     if (local > env::availableCpus()) res_.spin = 16;
   }
-  HARP_INFO("comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, res_.spin);
+  HARP_INFO_S(LogSubsys::kInit, "comm rank %d: %d polls before yielding (HARP_SPIN)", rank_, res_.spin);
 }
 
 // Per peer: the highest-priority transport both sides have that reaches it.
@@ -361,7 +363,7 @@ void Communicator::connectTransports(const Plan& plan, const transport::CommInfo
     for (int p : plan.peers_of[i]) {
       res_.transport_of[p] = t;
       res_.pair_of[p] = t->pair(p);
-      HARP_INFO("comm %016llx rank %d -> rank %d (%s): transport %s", (unsigned long long)comm_id_, rank_, p,
+      HARP_INFO_S(LogSubsys::kNet, "comm %016llx rank %d -> rank %d (%s): transport %s", (unsigned long long)comm_id_, rank_, p,
                 peers_[p].hostname.c_str(), t->name());
     }
   }
@@ -505,7 +507,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
       if (fell_back)
         HARP_WARN("%s: %s (%zu bytes, %d ranks)", collName(a.coll), sel.reason().c_str(), q.bytes, size_);
       else
-        HARP_INFO("%s: algorithm %s (%zu bytes, %d ranks): %s", collName(a.coll), sel.pick->name, q.bytes, size_,
+        HARP_INFO_S(LogSubsys::kTuning, "%s: algorithm %s (%zu bytes, %d ranks): %s", collName(a.coll), sel.pick->name, q.bytes, size_,
                   sel.reason().c_str());
     }
   }
@@ -700,6 +702,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     check = a.coll != CollType::kBarrier && a.coll != CollType::kAlltoallv && size_ > 1 &&
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
+  obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // issue 19: flight recorder
   try {
     Context ctx(res_, rank_, size_, a, tag, timeout);
     if (check) {
@@ -709,15 +712,21 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     algo->fn(ctx);
     if (check) ctx.finishCheck();
     if (!p2p) closingCheck(a, d.seq);
+    recorded.ok();
   } catch (const Error& e) {
-    if (e.kind() != Error::kInvalidArgument) markBroken(e.what());
+    if (e.kind() == Error::kInvalidArgument) throw;
+    // Issue 19: a timeout (this rank's or a peer's) gains the op-count view
+    // naming the ranks that never started this collective.
+    std::string why = obs::withOpCounts(recorder_.get(), e.what());
+    markBroken(why);
     // issue 18: a transport's failure text quoting a revocation is a revocation
-    if (e.kind() == Error::kPeerFailure && noticeKind(e.what()) == Error::kRevoked) throw Error(Error::kRevoked, e.what());
+    if (e.kind() == Error::kPeerFailure && noticeKind(why) == Error::kRevoked) throw Error(Error::kRevoked, why);
     if (e.kind() == Error::kPeerFailure) {
-      std::string dead = keepAliveVerdict(e.what());  // issue 18: name the dead rank(s)
-      if (!dead.empty()) throw Error(Error::kPeerFailure, std::string(e.what()) + "; " + dead);
+      std::string dead = keepAliveVerdict(why);  // issue 18: name the dead rank(s)
+      if (!dead.empty()) throw Error(Error::kPeerFailure, why + "; " + dead);
     }
-    throw;
+    if (why.size() == std::strlen(e.what())) throw;
+    throw Error(e.kind(), why);
   }
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
@@ -789,6 +798,7 @@ void Communicator::markBroken(const std::string& why) {
     broken_.store(true);
   }
   HARP_WARN("communicator broken: %s", why.c_str());
+  recordFailure(why);  // issue 19: flight-record dump (HARP_FR_DUMP_ON_FAILURE)
   // The notice says which collective this rank completed last, so a peer that
   // finishes that one as well keeps it (closingCheck): ranks agree on it.
   const uint64_t done = done_word_.fetch_or(1, std::memory_order_acq_rel) >> 1;
@@ -821,6 +831,7 @@ void Communicator::destroy() {
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
   destroySubComms();  // Topology (issue 16)
+  retireRecorder();  // issue 19: off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
   res_.pair_of.assign(size_, nullptr);
@@ -902,7 +913,14 @@ std::shared_ptr<Communicator> Communicator::splitCreate(const std::vector<int64_
   std::string prefix = "split" + std::to_string(comm_id_) + "." + std::to_string(seq) + "." + std::to_string(color) + "/";
   CommOptions o = opts_;
   o.timeout_s = timeout_s_;
-  return create(std::make_shared<PrefixStore>(store_, prefix), new_rank, static_cast<int>(members.size()), o);
+  auto made = create(std::make_shared<PrefixStore>(store_, prefix), new_rank, static_cast<int>(members.size()), o);
+  // Issue 19: the flight record names the parent's global ranks.
+  if (made->recorder_ && recorder_) {
+    std::vector<int> parent = recorder_->globalRanks(), g;
+    for (auto& m : members) g.push_back(parent.at(m.second));
+    made->recorder_->setGlobalRanks(std::move(g));
+  }
+  return made;
 }
 
 }  // namespace harp

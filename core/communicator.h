@@ -47,6 +47,9 @@ namespace harp {
 class Context;
 class Communicator;
 class KeepAlive;  // core/keepalive.h (issue 18)
+namespace obs {
+class Recorder;  // core/recorder.h (issue 19)
+}
 
 struct CommOptions {
   double timeout_s = -1;       // < 0: HARP_TIMEOUT or 300 s
@@ -120,6 +123,10 @@ struct CommResources {
   std::vector<uint8_t> scratch;        // Context::scratch
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
   Communicator* owner = nullptr;       // Topology (issue 16): Context::subComms asks it
+  // Observability (issue 19): the flight recorder (nullptr: HARP_FR_ENTRIES=0)
+  // and HARP_STALL_WARNING_S, read once; Context::waitAll's stall check.
+  obs::Recorder* recorder = nullptr;
+  double stall_warning_s = 60;
 };
 
 class Work {
@@ -332,6 +339,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string keepAliveVerdict(const std::string& failure);
   std::unique_ptr<KeepAlive> keepalive_;
   uint32_t agree_seq_ = 0, shrink_seq_ = 0, grow_seq_ = 0;
+  // Observability (issue 19): flight recorder, op counters and metrics
+  // (core/recorder.h); made by attachRecorder() when creation succeeded,
+  // retired by destroy(). core/communicator_obs.cc.
+ public:
+  std::shared_ptr<obs::Recorder> recorder() const { return recorder_; }
+
+ private:
+  void attachRecorder();
+  void retireRecorder();
+  void recordFailure(const std::string& why);
+  std::shared_ptr<obs::Recorder> recorder_;
 };
 
 }  // namespace harp

@@ -7,6 +7,7 @@
 
 #include "core/base/env.h"
 #include "core/base/log.h"
+#include "core/recorder.h"
 
 namespace harp {
 
@@ -121,6 +122,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
   const int kSpin = res_.spin;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
+  bool warned = false;  // issue 19: stall warning given
   auto& transports = res_.transports;
   for (;;) {
     if (check_done_ < check_recvs_.size()) compareChecks();
@@ -150,6 +152,15 @@ void Context::waitAll(const std::vector<Request*>& rs) {
                                        formatSeconds(timeout_s_) +
                                        " s waiting for rank(s) " + peers +
                                        " (a rank is stuck, dead, or did not call this collective)");
+    }
+    // Stall warning (issue 19): once per wait, only here on the blocking path.
+    if (res_.recorder && !warned &&
+        timeout_s_ - dl.remainingMs() / 1000.0 >= std::min(res_.stall_warning_s, timeout_s_ / 2)) {
+      warned = true;
+      std::string peers;
+      for (Request* r : rs)
+        if (!r->done()) peers += (peers.empty() ? "" : ", ") + std::to_string(r->peer);
+      obs::stallCheck(res_.recorder, timeout_s_ - dl.remainingMs() / 1000.0, peers);
     }
     // Block on the transport(s) that hold the pending requests.
     transport::Transport* only = nullptr;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <algorithm>
 #include <strings.h>
 
 #include "core/base/env.h"
@@ -31,7 +33,43 @@ LogLevel logLevel() {
 
 void setLogRank(int rank) { g_rank.store(rank); }
 
-void logf(LogLevel level, const char* fmt, ...) {
+namespace {
+struct SubsysName {
+  const char* name;
+  LogSubsys bit;
+};
+constexpr SubsysName kSubsys[] = {{"MISC", LogSubsys::kMisc}, {"INIT", LogSubsys::kInit}, {"COLL", LogSubsys::kColl},
+                                  {"P2P", LogSubsys::kP2p},   {"NET", LogSubsys::kNet},   {"SHM", LogSubsys::kShm},
+                                  {"TUNING", LogSubsys::kTuning}, {"OBS", LogSubsys::kObs}, {"ALL", LogSubsys::kAll}};
+
+unsigned parseSubsys() {
+  std::string v = env::str("HARP_DEBUG_SUBSYS");
+  bool invert = !v.empty() && v[0] == '^';
+  if (invert) v.erase(0, 1);
+  unsigned mask = 0;
+  size_t i = 0;
+  while (i <= v.size()) {
+    size_t j = v.find(',', i);
+    if (j == std::string::npos) j = v.size();
+    std::string w = v.substr(i, j - i);
+    i = j + 1;
+    if (w.empty()) continue;
+    bool known = false;
+    for (const auto& s : kSubsys)
+      if (!strcasecmp(w.c_str(), s.name)) mask |= static_cast<unsigned>(s.bit), known = true;
+    if (!known) {
+      char line[256];
+      int n = snprintf(line, sizeof line, "HARP WARN HARP_DEBUG_SUBSYS: unknown subsystem '%s' (known: MISC, INIT, "
+                       "COLL, P2P, NET, SHM, TUNING, OBS, ALL)\n", w.c_str());
+      ssize_t r = ::write(2, line, std::min<size_t>(n, sizeof line - 1));
+      (void)r;
+    }
+  }
+  if (mask == 0 && !invert) mask = static_cast<unsigned>(LogSubsys::kAll);
+  return invert ? (static_cast<unsigned>(LogSubsys::kAll) & ~mask) : mask;
+}
+
+void vlog(LogLevel level, const char* subsys, const char* fmt, va_list ap) {
   static const char* names[] = {"", "WARN", "INFO", "TRACE"};
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
@@ -39,16 +77,39 @@ void logf(LogLevel level, const char* fmt, ...) {
   int r = g_rank.load();
   char rank[16];
   if (r < 0) snprintf(rank, sizeof rank, "-"); else snprintf(rank, sizeof rank, "%d", r);
-  int n = snprintf(line, sizeof line, "HARP %s:%d [%s] %s ", host, (int)getpid(), rank,
-                   names[static_cast<int>(level)]);
-  va_list ap;
-  va_start(ap, fmt);
+  int n = snprintf(line, sizeof line, "HARP %s:%d [%s] %s %s%s", host, (int)getpid(), rank,
+                   names[static_cast<int>(level)], subsys, *subsys ? " " : "");
   n += vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
-  va_end(ap);
   if (n > (int)sizeof line - 2) n = sizeof line - 2;
   line[n++] = '\n';
   ssize_t w = ::write(2, line, n);
   (void)w;
+}
+}  // namespace
+
+unsigned logSubsysMask() {
+  static const unsigned mask = parseSubsys();
+  return mask;
+}
+
+const char* subsysName(LogSubsys s) {
+  for (const auto& k : kSubsys)
+    if (k.bit == s) return k.name;
+  return "MISC";
+}
+
+void logsf(LogLevel level, LogSubsys s, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, subsysName(s), fmt, ap);
+  va_end(ap);
+}
+
+void logf(LogLevel level, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, "", fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace harp

@@ -531,6 +531,11 @@ TcpStore::TcpStore(const SockAddr& server, std::string secret, double timeout_s)
 TcpStore::~TcpStore() { close(); }
 
 void TcpStore::close() {
+  std::lock_guard<std::mutex> g(mu_);
+  closeFd();
+}
+
+void TcpStore::closeFd() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -568,6 +573,7 @@ std::string TcpStore::readReply(uint8_t cmd, Deadline dl, const std::string& wha
 
 std::string TcpStore::request(uint8_t cmd, const std::string& key, const std::string& value, double timeout_s) {
   std::string what = "the HARP bootstrap root at " + server_.str();
+  std::lock_guard<std::mutex> g(mu_);
   if (fd_ < 0) throw Error(Error::kPeerFailure, "the connection to " + what + " is closed");
   if (key.size() > kMaxKeyBytes)
     throw InvalidArgument("store key of " + std::to_string(key.size()) + " bytes (limit " +
@@ -581,7 +587,7 @@ std::string TcpStore::request(uint8_t cmd, const std::string& key, const std::st
     sendAll(fd_, msg.data(), msg.size(), dl, what);
     return readReply(cmd, dl, what);
   } catch (const Error&) {
-    close();  // a reply may still be in flight: never reuse a desynchronised connection
+    closeFd();  // a reply may still be in flight: never reuse a desynchronised connection
     throw;
   }
 }

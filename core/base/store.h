@@ -20,13 +20,16 @@
 // does not implement them (the torch adapter) still works, with the plain
 // get() timeout as the only diagnosis.
 //
-// Threading: a Store object may be used from one thread at a time. The server
+// Threading: a Store object may be used from one thread at a time; TcpStore
+// serializes its requests (a blocking get holds the others back), so threads
+// may share one. The server
 // runs its own thread and is safe to destroy from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,6 +164,10 @@ class TcpStore : public Store {
  private:
   std::string request(uint8_t cmd, const std::string& key, const std::string& value, double timeout_s);
   std::string readReply(uint8_t cmd, Deadline dl, const std::string& what);
+  void closeFd();
+  // Issue 19: one request at a time, so the op-counter publisher thread
+  // (core/recorder.h) may share the connection with the communicator.
+  std::mutex mu_;
   SockAddr server_;
   SockAddr local_;
   int fd_ = -1;

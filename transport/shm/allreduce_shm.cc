@@ -69,7 +69,7 @@ void allreduceShm(Context& ctx) {
   }
   transport::shm::ShmTransport* t = shmFor(ctx);
   if (!t) {
-    HARP_INFO("allreduce shm: not every rank is on the shm transport of this host; using ring");
+    HARP_INFO_S(LogSubsys::kShm, "allreduce shm: not every rank is on the shm transport of this host; using ring");
     return allreduceRing(ctx);
   }
   static const size_t kDirect = env::bytes("HARP_SHM_DIRECT_BYTES");

@@ -255,7 +255,7 @@ std::string ShmTransport::localAddress(int /*peer*/) {
     }
     listen_fd_ = fd;
     sock_name_ = name;
-    HARP_INFO("shm: rank %d listens for its peers on @%s", info_.rank, name);
+    HARP_INFO_S(LogSubsys::kShm, "shm: rank %d listens for its peers on @%s", info_.rank, name);
   }
   return "shm1:" + sock_name_;
 }
@@ -395,7 +395,7 @@ void ShmTransport::connectPeers(const std::vector<int>& peers, const std::vector
     int err = errno;
     char can = (k == static_cast<ssize_t>(sizeof v) && v == h.probe_value) ? 1 : 0;
     if (!can)
-      HARP_INFO("shm: cannot read the memory of %s with process_vm_readv (%s); large messages to it "
+      HARP_INFO_S(LogSubsys::kShm, "shm: cannot read the memory of %s with process_vm_readv (%s); large messages to it "
                 "go through the ring", rankName(p).c_str(), k < 0 ? std::strerror(err) : "wrong value");
     if (!env::flag("HARP_SHM_CMA")) can = 0;
     sendWithFd(pr->sock_, &can, 1, -1, dl, rankName(p));
@@ -407,7 +407,7 @@ void ShmTransport::connectPeers(const std::vector<int>& peers, const std::vector
     pairs_[p]->cma_ = can == 1;  // the peer can read our memory: single-copy sends to it
     active_.push_back(pairs_[p].get());
   }
-  HARP_INFO("shm: connected %zu peers (segment %zu KB via %s, %u slots x %u B, CMA above %zu B)",
+  HARP_INFO_S(LogSubsys::kShm, "shm: connected %zu peers (segment %zu KB via %s, %u slots x %u B, CMA above %zu B)",
             peers.size(), seg_.bytes >> 10, seg_how_.c_str(), geo_.nslots, geo_.slot_bytes, cma_threshold_);
 }
 

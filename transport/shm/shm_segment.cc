@@ -104,7 +104,7 @@ Segment createSegment(const Geometry& geo, std::string* how) {
                     "lower HARP_SHM_SLOTS/HARP_SHM_SLOT_BYTES/HARP_SHM_COLL_BYTES, or set "
                     "HARP_TRANSPORT=tcp");
   } else {
-    HARP_INFO("shm: memfd_create unavailable (%s), falling back to shm_open+unlink in /dev/shm",
+    HARP_INFO_S(LogSubsys::kShm, "shm: memfd_create unavailable (%s), falling back to shm_open+unlink in /dev/shm",
               std::strerror(err));
     int err2 = 0;
     fd = openShm(s.bytes, &err2);

@@ -13,6 +13,7 @@
 
 #include "core/base/env.h"
 #include "core/base/log.h"
+#include "core/base/stall.h"
 #include "core/base/socket.h"
 
 namespace harp::transport::shm {
@@ -236,7 +237,7 @@ void ShmPair::markDead(const std::string& why) {
     reason[sizeof in_ctl_->reason] = '\0';
     dead_why_ = who() + " aborted the communicator: " + reason;
   }
-  HARP_INFO("shm: %s", why.c_str());
+  HARP_INFO_S(LogSubsys::kShm, "shm: %s", why.c_str());
   // Single-copy sends the peer finished reading before it went away succeeded.
   uint64_t acks = in_ctl_->acks.load(std::memory_order_acquire);
   while (!cma_wait_.empty() && cma_wait_.front()->tp_word <= acks) {
@@ -423,6 +424,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
   const long spin_ns = spin_ns_, yield_ns = yield_ns_;
   SegHeader* h = seg_.header();
   const auto t0 = Clock::now();
+  stall::Watch watch(info_.comm_id, info_.rank, timeout_s);  // issue 19
   const int burst = std::min(16, inline_polls_);
   for (unsigned it = 1;; ++it) {
     for (int i = 0; i < burst; ++i) {
@@ -446,6 +448,12 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
     if (cond()) return;
     failIfBroken();
     if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
+    // Stall warning (issue 19, core/base/stall.h): nothing before kMinStallS.
+    watch.tick(ns * 1e-9, [&] {
+      std::string m = timeout_msg();
+      size_t at = m.find("waiting for rank(s) ");
+      return at == std::string::npos ? std::string("?") : m.substr(at + 20, m.find(" (", at + 20) - at - 20);
+    });
     uint32_t d = h->doorbell.load(std::memory_order_acquire);
     h->sleeping.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -57,6 +57,28 @@ def _same_split(sizes):
     return all(s == sizes[0] for s in sizes)
 
 
+
+# -- torch.profiler spans (issue 19) ------------------------------------------------------------------------
+# One "harp:<op>" span per call while a profiler records (torch.profiler, Kineto's Chrome trace), named
+# like torch's own "nccl:all_reduce" plus " bytes=N"; nothing is done when none records. The span covers
+# the call (for async calls: the enqueue, as torch's own spans do); the algorithm each call ran is in the
+# flight record and the metrics (harp.debug, harp.metrics).
+_SPAN_NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+               "_allgather_base": "all_gather_into_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all"}
+
+
+def _span(opname, result):
+    nbytes = 0
+    for t in result if isinstance(result, (list, tuple)) else (result,):
+        for u in t if isinstance(t, (list, tuple)) else (t,):
+            if isinstance(u, torch.Tensor):
+                nbytes += u.numel() * u.element_size()
+    # Kineto's Chrome trace drops record_function's args: the bytes go into the name, after a space,
+    # the way torch's "nccl:send 0->1" carries its peers.
+    span = torch.profiler.record_function(f"harp:{_SPAN_NAMES.get(opname, opname)} bytes={nbytes}")
+    span.__enter__()
+    return span
+
 class ProcessGroupHarp(dist.ProcessGroup):
     """torch.distributed process group whose collectives run on HARP."""
 
@@ -142,12 +164,15 @@ class ProcessGroupHarp(dist.ProcessGroup):
         comm = comm or self._coll
         is_async = getattr(opts, "asyncOp", True)
         _tls.inline = not is_async
+        span = _span(opname, result) if torch.autograd._profiler_enabled() else None  # issue 19
         try:
             handles = fn()
         except HarpError as e:
             raise backend_error(opname, self._desc, e) from None
         finally:
             _tls.inline = False
+            if span is not None:
+                span.__exit__(None, None, None)
         w = HarpWork(opname, self._desc, handles, staged, result, post)
         if is_async:
             w._fut = Future()  # DDP and hooks always ask for it; create it before a completer can finish

@@ -13,7 +13,9 @@ wait() does not depend on the Completer: it waits on the HARP handles itself
 idempotent and locked, so whichever thread gets there first does it.
 
 HARP errors become torch.distributed.DistBackendError naming the operation,
-this rank and the group; the future carries the same exception.
+this rank and the group; the future carries the same exception. A timeout's
+text starts "Timed out: ... collective operation timeout", the words torch's
+own backends use (see backend_error).
 """
 from __future__ import annotations
 
@@ -24,11 +26,17 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..errors import HarpError, InvalidArgumentError
+from ..errors import HarpError, HarpTimeoutError, InvalidArgumentError
 
 
 def backend_error(op: str, pg_desc: str, err: BaseException) -> Exception:
     msg = f"harp {op} failed on {pg_desc}: {err}"
+    if isinstance(err, HarpTimeoutError) or (isinstance(err, HarpError) and "timed out" in str(err)):
+        # In torch's own words (ProcessGroupGloo "Timed out waiting ...", the NCCL
+        # watchdog's "collective operation timeout"), which torch's tests, elastic
+        # agents and users match with `Timed out|closed|timeout`; HARP's text
+        # after it still names the operation, its number and the ranks waited for.
+        msg = f"Timed out: harp {op} on {pg_desc} hit its collective operation timeout: {err}"
     if isinstance(err, InvalidArgumentError):
         return ValueError(msg)
     return dist.DistBackendError(msg)

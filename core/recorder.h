@@ -1,0 +1,224 @@
+// core/recorder.h — the flight recorder, operation counters and metrics of one
+// communicator (issue 19).
+//
+// Every communicator owns a Recorder (unless HARP_FR_ENTRIES=0): a ring of the
+// last HARP_FR_ENTRIES operations, preallocated at creation, that
+// Communicator::runWith fills through one OpScope per call:
+//
+//   obs::OpScope rec(recorder_.get(), a, algo, user_dtype, d.seq);  // slot written, state "started"
+//   ... run the algorithm ...
+//   rec.ok();                                   // state "completed"; a throw leaves "failed"
+//
+// A call costs a handful of stores into one ring slot and one metrics cell,
+// and two reads of the time-stamp counter: no allocation, lock or syscall
+// (bench/recorder_overhead.py measures it). The same calls keep the counters
+// the stall warning, harp-status and the Prometheus exporter read: the last
+// collective started and completed, the operation in flight, and per
+// (collective, algorithm) counts, bytes and a log2 latency histogram.
+//
+// Readers (dumps, status, metrics, the stall check) run on other threads and
+// never block the writer: each slot carries its record id, cleared while the
+// slot is rewritten, and a reader keeps a copy only when the id is the same
+// before and after copying (a seqlock).
+//
+// Lifetime: made by Communicator::attachRecorder after creation, registered
+// in a process-wide list (core/observer.cc reads it for SIGUSR1 dumps, the
+// status socket and the counter publisher), retired by destroy(), which also
+// drops the store reference. Threading: begin/end only on the thread that
+// executes the communicator's collectives; everything else from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/base/types.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#else
+#include <chrono>
+#endif
+
+namespace harp {
+
+struct Algorithm;
+struct CollArgs;
+class Store;
+
+namespace obs {
+
+// A cheap monotonic clock: the TSC on x86 (constant and invariant on every
+// CPU HARP targets), steady_clock nanoseconds elsewhere.
+inline uint64_t ticks() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+double nsPerTick();             // calibrated once per process (~2 ms, the first time)
+uint64_t ticksToEpochNs(uint64_t t);  // CLOCK_REALTIME nanoseconds of a ticks() value
+
+enum OpState : uint8_t { kEmpty = 0, kStarted = 1, kCompleted = 2, kFailed = 3 };
+const char* stateName(uint8_t s);
+
+// One ring slot. Plain fields are written before `id` is published.
+struct OpRecord {
+  std::atomic<uint64_t> id{0};  // record id + 1; 0 while (re)written
+  uint32_t seq = 0;             // collective sequence number; 0 for point-to-point
+  uint32_t p2p_seq = 0;         // point-to-point sequence number; 0 for collectives
+  uint8_t coll = 0, dtype = 0, op = 0;
+  int32_t peer = -1, root = 0;
+  uint64_t count = 0, bytes = 0;
+  const Algorithm* algo = nullptr;
+  uint64_t t_start = 0;
+  std::atomic<uint64_t> t_end{0};
+  std::atomic<uint8_t> state{kEmpty};
+};
+
+// A consistent copy of one slot (readers).
+struct OpSnapshot {
+  uint64_t id = 0;
+  uint32_t seq = 0, p2p_seq = 0;
+  uint8_t coll = 0, dtype = 0, op = 0, state = 0;
+  int32_t peer = -1, root = 0;
+  uint64_t count = 0, bytes = 0;
+  std::string algo;
+  uint64_t t_start = 0, t_end = 0;
+};
+
+constexpr int kHistBuckets = 40;  // log2 buckets of ticks: bucket b holds [2^b, 2^(b+1))
+struct MetricCell {
+  std::atomic<uint64_t> count{0}, bytes{0}, ticks{0};
+  std::atomic<uint64_t> hist[kHistBuckets] = {};
+};
+
+// Who the communicator is, for dumps and status (fixed at creation).
+struct Identity {
+  uint64_t comm_id = 0;
+  int rank = 0, size = 1;
+  std::vector<std::string> hosts;  // by rank
+  std::vector<int> pids;           // by rank
+  std::string transport;           // "tcp", "shm", "mixed", "self"
+  double timeout_s = 0;
+};
+
+class Recorder {
+ public:
+  Recorder(Identity id, size_t entries, std::shared_ptr<Store> store);
+
+  // --- the executing thread (through OpScope) ---
+  OpRecord* begin(const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq);
+  void end(OpRecord* r, bool ok);
+
+  // --- any thread ---
+  const Identity& identity() const { return id_; }
+  uint32_t started() const { return started_.load(std::memory_order_relaxed); }
+  uint32_t completed() const { return completed_.load(std::memory_order_relaxed); }
+  uint64_t ops() const { return next_id_.load(std::memory_order_relaxed); }
+  size_t capacity() const { return ring_.size(); }
+  bool inFlight(OpSnapshot* out) const;      // the operation running now, if any
+  std::vector<OpSnapshot> snapshot() const;  // the ring, oldest first
+  // Metrics cell of (collective, algorithm index): 16 x 16 cells.
+  const MetricCell& cell(int coll, int algo) const { return cells_[(coll & 15) * 16 + (algo & 15)]; }
+
+  // Global ranks of this communicator's ranks, for the dump's pg_config
+  // (identity unless a split told otherwise).
+  std::vector<int> globalRanks() const;
+  void setGlobalRanks(std::vector<int> g);
+
+  // The op-count view through the store (core/observer.cc): publish this
+  // rank's counters; read every rank's ("" for a rank that never published).
+  // background: the publisher thread, which leaves stores without
+  // diagnostics() (the torch adapter calls Python) to the executing thread.
+  void publish(bool background = false);
+  std::vector<std::string> readCounters(double timeout_s);
+  void detachStore();  // destroy(): the store may close now
+
+  // Dumps on every rank at the moment one fails (like torch's dump-on-timeout
+  // signal through the store): the failing rank writes its own dump and sets
+  // a key; every rank's publisher thread finds it within HARP_OBS_PUBLISH_S
+  // and dumps too. One dump per communicator and process: a later failure of
+  // the rank that was asked does not overwrite the record of the hang.
+  bool claimDump();                    // true the first time
+  void requestDumps(const std::string& why);
+  void pollDumpRequest();              // the publisher thread
+
+  // Stall view: set by the stall check, appended to the timeout error.
+  void setStallView(std::string v);
+  std::string stallView();
+
+ private:
+  Identity id_;
+  std::vector<OpRecord> ring_;
+  size_t slot_ = 0;                       // next slot (executing thread)
+  std::atomic<uint64_t> next_id_{0};      // written by the executing thread only
+  uint32_t p2p_seq_ = 0;
+  std::atomic<uint32_t> started_{0}, completed_{0};
+  std::atomic<OpRecord*> current_{nullptr};
+  std::unique_ptr<MetricCell[]> cells_;
+  mutable std::mutex mu_;                 // the fields below
+  std::shared_ptr<Store> store_;
+  std::vector<int> global_ranks_;
+  std::string stall_view_;
+  std::string last_published_;
+  std::atomic<bool> dumped_{false};
+};
+
+// RAII for one call of runWith: marks the record failed unless ok() was called.
+class OpScope {
+ public:
+  OpScope(Recorder* r, const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq)
+      : r_(r), rec_(r ? r->begin(a, algo, dt, seq) : nullptr) {}
+  ~OpScope() {
+    if (rec_) r_->end(rec_, false);
+  }
+  void ok() {
+    if (rec_) r_->end(rec_, true);
+    rec_ = nullptr;
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  Recorder* r_;
+  OpRecord* rec_;
+};
+
+// The process-wide list of live recorders (core/observer.cc).
+void registerRecorder(const std::shared_ptr<Recorder>& r);
+void retireRecorder(const Recorder* r);
+std::vector<std::shared_ptr<Recorder>> liveRecorders();  // in creation order
+
+// Flight-recorder dump of every live communicator of this process, in the
+// pickle torch's analyser reads (torch/distributed/flight_recorder: fr_trace
+// <dir>): one file <HARP_FR_DUMP_PREFIX><global rank>. Returns the path, or ""
+// with *err set. Any thread; `reason` goes into the dump's "harp" section.
+std::string dumpFlightRecord(const std::string& reason, std::string* err);
+std::string flightRecordPickle(const std::string& reason);  // the bytes of that file
+int processGlobalRank();  // RANK / HARP_RANK, else the first communicator's rank
+
+// Every live communicator of this process as JSON (harp-status, metrics), and
+// the status socket's path ("" when off); core/observer.cc.
+std::string statusJson();
+std::string statusSocketPath();
+
+// Stall check (Context::waitAll, core/context.cc): called once per wait
+// that has lasted HARP_STALL_WARNING_S (never later than half the timeout).
+// Publishes this rank's counters, reads everyone's, logs a warning naming
+// the ranks that have not started the collective in flight and the last one
+// each completed, and keeps the view for the timeout error.
+void stallCheck(Recorder* r, double waited_s, const std::string& waiting_for);
+double stallWarningSeconds(double timeout_s);
+// A failure's text with the op-count view appended ("; op counts disagree.
+// Missing ranks (have not started allreduce #5): 2 (last started #4, ...)")
+// when it is a timeout (this rank's, or a peer's in its abort notice) and
+// some rank has not started the collective in flight; otherwise as is.
+std::string withOpCounts(Recorder* r, const std::string& what);
+
+}  // namespace obs
+}  // namespace harp
