@@ -253,3 +253,26 @@ def test_horovod_style_script_matches_ddp(args):
     loss_d, sum_d = _run("train_convnet_ddp.py", *args)
     assert abs(loss_h - loss_d) <= 1e-5 * abs(loss_d), (loss_h, loss_d)
     assert abs(sum_h - sum_d) <= 1e-5 * max(1.0, abs(sum_d)), (sum_h, sum_d)
+
+
+def _run_elastic(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1", HARP_TIMEOUT="120")
+    r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "3", "--grace", "240",
+                        os.path.join(ROOT, "examples", "horovod", "train_convnet_elastic.py"), "--steps", "6", *args],
+                       capture_output=True, text=True, timeout=300, env=env)
+    finals = re.findall(r"FINAL rank (\d+) size (\d+) steps (\d+) resets (\d+) loss (\S+) checksum (\S+)", r.stdout)
+    return r, finals
+
+
+def test_elastic_script_survives_a_lost_worker_and_finishes_every_step():
+    """hvd.elastic: rank 2 of 3 kills itself at step 3; the two others shrink, roll back to the last commit
+    and finish all 6 steps with identical parameters. Undisturbed, all three finish with no reset."""
+    r, finals = _run_elastic()
+    assert r.returncode == 0 and len(finals) == 3, r.stdout + r.stderr
+    assert {(f[1], f[2], f[3]) for f in finals} == {("3", "6", "0")}, finals
+    r, finals = _run_elastic("--die-rank", "2", "--die-at-step", "3")
+    assert r.returncode != 0, "harp-run reports the rank that died"
+    assert sorted(f[0] for f in finals) == ["0", "1"], r.stdout + r.stderr
+    assert {(f[1], f[2], f[3]) for f in finals} == {("2", "6", "1")}, finals
+    assert len({f[5] for f in finals}) == 1, finals  # the survivors hold the same parameters
+    assert "lost rank(s) [2]" in r.stdout, r.stdout

@@ -25,10 +25,14 @@ become ready; backward_passes_per_step, op, gradient_predivide_factor,
 compression, synchronize / skip_synchronize); Compression.none / fp16; ops
 Average, Sum, Min, Max, Product.
 
+Elastic training (hvd.elastic): run, State, ObjectState, TorchState (commit,
+restore, sync, reset callbacks), HostsUpdatedInterrupt; a lost worker is
+survived by shrinking to the others (harp/horovod/torch/elastic.py says what
+differs from Horovod: workers are lost, not added, during run()).
+
 What is not (each raises NotImplementedError naming it): Adasum, process sets
-other than the global one, join() (needs every collective to carry a
-negotiation, which HARP's ordered collectives do not), and elastic training
-(hvd.elastic needs communicator repair: HARP issue 18). Tensors must be on the
+other than the global one, and join() (needs every collective to carry a
+negotiation, which HARP's ordered collectives do not). Tensors must be on the
 CPU (HARP's torch backend serves CUDA tensors; this front does not yet).
 
 Threading: like Horovod, one communicator per process, shared by every call;

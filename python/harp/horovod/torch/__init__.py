@@ -452,3 +452,4 @@ def broadcast_optimizer_state(optimizer, root_rank):
 
 
 from ._optimizer import DistributedOptimizer  # noqa: E402,F401
+from . import elastic  # noqa: E402,F401  (hvd.elastic)

@@ -98,6 +98,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._next = 0
         self._delay = {p: self._passes for p in self._order}
 
+    def _reset(self):
+        """Forget the allreduces of a step that failed (hvd.elastic restores the state after a lost worker;
+        their handles belong to the communicator that was replaced)."""
+        self._handles.clear()
+        self._ready.clear()
+        self._next = 0
+        self._delay = {p: self._passes for p in self._order}
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """step() without synchronize(), after calling synchronize() yourself (e.g. to clip gradients)."""
