@@ -29,6 +29,8 @@ import socket
 import sys
 import time
 
+from ._version import __version__
+
 MAX_ANSWER = 16 << 20
 
 __all__ = ["status_dir", "query", "collect", "summarize", "main"]
@@ -152,6 +154,7 @@ def _text(comms, answers):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="harp-status", description=__doc__.split("\n")[0])
+    ap.add_argument("--version", action="version", version=f"harp-status (harp {__version__})")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--dump", action="store_true", help="ask every process to write its flight record")
     ap.add_argument("--socket", action="append", help="ask only this socket (repeatable)")
