@@ -51,6 +51,30 @@ class PyStore : public Store {
   }
 };
 
+// What from_store hands the core for a store implemented in Python: the C++
+// side of a Python object lives only as long as that object, and the core keeps
+// using its store after creation (hierarchical sub-communicators, split, agree,
+// shrink), often after the caller dropped its reference ("Tried to call pure
+// virtual function Store::add"). This holds a reference to the Python object
+// for as long as any communicator holds the store; released under the GIL (and
+// leaked, not released, once the interpreter is finalizing).
+class PyStoreRef : public Store {
+ public:
+  PyStoreRef(std::shared_ptr<Store> s, py::object o) : s_(std::move(s)), o_(new py::object(std::move(o))) {}
+  ~PyStoreRef() override {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leak the reference
+    py::gil_scoped_acquire g;
+    delete o_;
+  }
+  void set(const std::string& key, const std::string& value) override { s_->set(key, value); }
+  std::string get(const std::string& key, double timeout_s) override { return s_->get(key, timeout_s); }
+  int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
+
+ private:
+  std::shared_ptr<Store> s_;
+  py::object* o_;
+};
+
 void translate(const Error& e) {
   static const char* names[] = {"InvalidArgumentError", "MismatchError", "PeerError", "HarpTimeoutError",
                                 "HarpError", "UnavailableError", "HarpError", "RevokedError"};
@@ -342,8 +366,10 @@ PYBIND11_MODULE(_harp, m) {
            }),
            py::arg("unique_id"), py::arg("rank"), py::arg("size"), py::arg("timeout") = -1.0,
            py::arg("transport") = "")
-      .def_static("from_store", [](std::shared_ptr<Store> store, const std::string& prefix, int rank, int size,
+      .def_static("from_store", [](py::object store_obj, const std::string& prefix, int rank, int size,
                                    double timeout, const std::string& transport) {
+             std::shared_ptr<Store> store = store_obj.cast<std::shared_ptr<Store>>();
+             if (dynamic_cast<PyStore*>(store.get())) store = std::make_shared<PyStoreRef>(store, store_obj);
              CommOptions o;
              o.timeout_s = timeout;
              o.transport = transport;
