@@ -532,6 +532,7 @@ PYBIND11_MODULE(_harp, m) {
   m.def("obs_status_json", [] { return obs::statusJson(); },
         "every live communicator of this process (counters, op in flight, metrics) as JSON");
   m.def("obs_status_socket", [] { return obs::statusSocketPath(); }, "this process's status socket ('' when off)");
+  m.def("obs_service", [] { obs::ensureService(); }, "start the process-wide observability service now");
   m.def("fr_pickle", [](const std::string& reason) { return py::bytes(obs::flightRecordPickle(reason)); },
         py::arg("reason") = "harp.debug");
   m.def("fr_dump", [](const std::string& reason) {

@@ -316,6 +316,12 @@ void startLocked(State& s) {
 
 }  // namespace
 
+void ensureService() {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  if (!s.started) startLocked(s);
+}
+
 void registerRecorder(const std::shared_ptr<Recorder>& r) {
   State& s = state();
   std::lock_guard<std::mutex> g(s.mu);

@@ -190,6 +190,11 @@ class OpScope {
 };
 
 // The process-wide list of live recorders (core/observer.cc).
+// The process-wide service (observer and publisher threads, SIGUSR1 pipe,
+// status socket) without a communicator; registerRecorder starts it too. It
+// lives until the process exits, like NCCL RAS: one per process, not per
+// communicator. Tests that count threads and fds per communicator start it first.
+void ensureService();
 void registerRecorder(const std::shared_ptr<Recorder>& r);
 void retireRecorder(const Recorder* r);
 std::vector<std::shared_ptr<Recorder>> liveRecorders();  // in creation order

@@ -86,6 +86,10 @@ def test_revoke_raises_on_every_rank_also_blocked_ones(transport):
 
 # ---------------------------------------------------------------------------- dead and frozen ranks
 def _fail_then_recover(rank, size, victim, how, transport):
+    # The observability service (2 threads, a pipe and the status socket, core/observer.cc) starts
+    # once per process with the first communicator and stays, like NCCL RAS; start it before the
+    # baseline so the check is about what a failure, agree and shrink leave behind.
+    harp._harp.obs_service()
     fd0, th0 = _resources()
     comm = harp.init()
     x = np.ones(1 << 18, np.float32)
