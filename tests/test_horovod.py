@@ -260,7 +260,7 @@ def _run_elastic(*args):
     r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "3", "--grace", "240",
                         os.path.join(ROOT, "examples", "horovod", "train_convnet_elastic.py"), "--steps", "6", *args],
                        capture_output=True, text=True, timeout=300, env=env)
-    finals = re.findall(r"FINAL rank (\d+) size (\d+) steps (\d+) resets (\d+) loss (\S+) checksum (\S+)", r.stdout)
+    finals = re.findall(r"FINAL rank (\d+) size (\d+) steps (\d+) resets (\d+) loss ([-0-9.]+) checksum ([-0-9.]+)", r.stdout)
     return r, finals
 
 

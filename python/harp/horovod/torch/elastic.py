@@ -30,8 +30,8 @@ What differs from Horovod: no driver discovers hosts, so workers are only lost,
 never added, during run() (replacement ranks join with harp's Communicator.grow,
 harp.elastic); what is lost on a failure is the work since the last commit();
 the job needs the bootstrap store's host alive (the launcher, or rank 0's
-process under plain harp.init(), see harp.elastic). HARP_ELASTIC_MIN_WORKERS is
-not read: run(min_workers=) sets the floor (default 1).
+process under plain harp.init(), see harp.elastic). run(min_workers=) sets the
+floor (default 1); no environment variable does.
 """
 from __future__ import annotations
 
