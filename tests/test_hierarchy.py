@@ -1,7 +1,7 @@
 """Host detection and the hierarchical algorithms (issue 16).
 
 What is checked, against sources independent of the thing checked:
-- the host key is the boot id with the net/IPC/mount namespace inodes, read here
+- the host key is the boot id with the net/IPC namespace inodes and /dev/shm's device, read here
   from /proc with os.stat; HARP_HOSTID replaces it;
 - ranks with equal keys form one host (shm between them), different keys
   different hosts (tcp between them), uneven hosts (3+1, 2+1) are mapped as
@@ -65,8 +65,8 @@ def own_host_namespaces():
 
 def test_host_key_is_boot_id_and_namespaces():
     boot = open("/proc/sys/kernel/random/boot_id").read().strip()
-    ns = "".join(f"{n}{os.stat(f'/proc/self/ns/{n}').st_ino}" for n in ("net", "ipc", "mnt"))
-    assert harp._harp.host_id() == f"{boot}/{ns}"
+    ns = "".join(f"{n}{os.stat(f'/proc/self/ns/{n}').st_ino}" for n in ("net", "ipc"))
+    assert harp._harp.host_id() == f"{boot}/{ns}shm{os.stat('/dev/shm').st_dev}"
 
 
 def _shape(rank, size, ids):

@@ -218,6 +218,13 @@ std::string nsInode(const char* ns) {
   std::string path = std::string("/proc/self/ns/") + ns;
   return stat(path.c_str(), &st) == 0 ? std::string(ns) + std::to_string(st.st_ino) : std::string(ns) + "?";
 }
+// The filesystem behind /dev/shm (its device number), not the mount namespace:
+// `ip netns exec` gives every process its own mount namespace over the same
+// /dev/shm, while a container or an arena host mounts a tmpfs of its own there.
+std::string shmIdentity() {
+  struct stat st{};
+  return stat("/dev/shm", &st) == 0 ? "shm" + std::to_string(static_cast<unsigned long long>(st.st_dev)) : "shm?";
+}
 }  // namespace
 
 HostIdentity thisHost() {
@@ -231,7 +238,7 @@ HostIdentity thisHost() {
   if (env::has("HARP_HOSTID")) {
     h.host_id = "hostid:" + env::str("HARP_HOSTID");
   } else {
-    h.host_id = (boot.empty() ? h.hostname : boot) + "/" + nsInode("net") + nsInode("ipc") + nsInode("mnt");
+    h.host_id = (boot.empty() ? h.hostname : boot) + "/" + nsInode("net") + nsInode("ipc") + shmIdentity();
   }
   h.pid = static_cast<int>(getpid());
   return h;

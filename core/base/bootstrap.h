@@ -65,7 +65,7 @@ uint64_t hash64(const std::string& s, uint64_t seed = 0);
 // confirmHostIds() checks it with a shared-memory probe before a transport
 // relies on it.
 struct HostIdentity {
-  std::string host_id;   // boot id + net/ipc/mnt namespaces, or "hostid:" + HARP_HOSTID
+  std::string host_id;   // boot id + net/ipc namespaces + /dev/shm's device, or "hostid:" + HARP_HOSTID
   std::string hostname;
   int pid;
 };
