@@ -81,3 +81,28 @@ def collect(procs, q, timeout=120, allow_errors=False):
 def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False, uid=None):
     procs, q = start_ranks(n, fn, *args, env=env, uid=uid)
     return collect(procs, q, timeout, allow_errors)
+
+
+def killed_last_rank(rank, size, count, delay):
+    """A run_ranks job: every rank allreduces `count` float32s; the last rank SIGKILLs itself
+    `delay` s into a loop of allreduces, the others return (error class name, text, seconds from
+    the start of their loop to the error), or ("no error", "", seconds) after 1000 calls."""
+    import signal
+    import threading
+
+    import numpy as np
+
+    comm = harp.init(timeout=60)
+    x = np.ones(count, np.float32)
+    comm.allreduce(x)
+    if rank == size - 1:
+        threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        while True:
+            comm.allreduce(x)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            comm.allreduce(x)
+    except harp.HarpError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "no error", "", time.monotonic() - t0

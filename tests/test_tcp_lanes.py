@@ -10,17 +10,15 @@ header on purpose (HARP_TCP_FAULT) and the receiver must fail cleanly.
 """
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import harp
 from collectives_check import check_everything
-from harness import run_ranks
+from harness import killed_last_rank, run_ranks
 
 
 def lanes_env(n, **more):
@@ -122,28 +120,9 @@ def test_length_mismatch_detected_across_lanes():
     assert res[0][0] == "ok" and res[0][1][0] in ("PeerError", "MismatchError"), res[0]
 
 
-def _killed(rank, size):
-    comm = harp.init(timeout=60)
-    x = np.ones(1_000_003, np.float32)
-    comm.allreduce(x)
-    if rank == size - 1:
-        import threading
-
-        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-        while True:
-            comm.allreduce(x)
-    t0 = time.monotonic()
-    try:
-        for _ in range(1000):
-            comm.allreduce(x)
-    except harp.HarpError as e:
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "no error", "", time.monotonic() - t0
-
-
 def test_killed_peer_raises_peer_error_on_every_rank():
     env = lanes_env(4, HARP_SOCKET_STRIPE_MIN="64K", HARP_SOCKET_CHUNK="32K")
-    res = run_ranks(4, _killed, env=env, timeout=180, allow_errors=True)
+    res = run_ranks(4, killed_last_rank, 1_000_003, 0.05, env=env, timeout=180, allow_errors=True)
     assert res[-1][0] == "died"
     for status, val in res[:-1]:
         assert status == "ok", val

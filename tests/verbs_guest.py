@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import harp  # noqa: E402
 import collectives_check as cc  # noqa: E402
-from harness import run_ranks  # noqa: E402
+from harness import killed_last_rank, run_ranks  # noqa: E402
 from selection_check import choice_problem, chosen_transports  # noqa: E402
 
 VERBS = {"HARP_TRANSPORT": "verbs"}
@@ -186,27 +185,8 @@ def s_mr_cache():
     return "; ".join(detail) + f" ({iters} allreduces of 400 KB, 3 ranks)"
 
 
-def _killed(rank, size):
-    comm = harp.init(timeout=60)
-    x = np.ones(1_000_000, np.float32)
-    comm.allreduce(x)
-    if rank == size - 1:
-        import threading
-
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-        while True:
-            comm.allreduce(x)
-    t0 = time.monotonic()
-    try:
-        for _ in range(1000):
-            comm.allreduce(x)
-    except harp.HarpError as e:
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "no error", "", time.monotonic() - t0
-
-
 def s_killed_peer():
-    res = run_ranks(4, _killed, env=VERBS, timeout=120, allow_errors=True)
+    res = run_ranks(4, killed_last_rank, 1_000_000, 0.3, env=VERBS, timeout=120, allow_errors=True)
     assert res[-1][0] == "died", res[-1]
     worst = 0.0
     for status, val in res[:-1]:
