@@ -52,7 +52,7 @@ import numpy as np
 
 from .errors import HarpError, InvalidArgumentError
 
-__all__ = ["State", "run", "Reset"]
+__all__ = ["State", "run", "Reset", "shrink_to_survivors"]
 
 
 class State:
@@ -113,6 +113,18 @@ class Reset:
         return f"<harp.elastic.Reset lost {self.failed} of {self.old_size}, now {self.comm.size}, {self.seconds:.2f} s>"
 
 
+def shrink_to_survivors(comm, err, min_workers: int = 1, who: str = "harp.elastic"):
+    """After ``err`` (a HARP failure) on ``comm``: revoke it (every rank leaves whatever collective it is
+    in), agree on the failed ranks and shrink to the survivors. Returns (new communicator, failed ranks);
+    raises HarpError from ``err`` when fewer than ``min_workers`` survive. ``comm`` is left to the caller."""
+    comm.revoke()
+    _, failed = comm.agree(True)
+    if comm.size - len(failed) < min_workers:
+        raise HarpError(f"{who}: {comm.size - len(failed)} workers left after losing ranks {failed}, fewer than "
+                        f"min_workers={min_workers}: {err}") from err
+    return comm.shrink(failed), failed
+
+
 def run(train, comm, state: State, *, min_workers: int = 1, max_workers: int | None = None, on_reset=None,
         max_resets: int | None = None):
     """Call ``train(comm, state)``; on a HARP failure, recover (revoke, agree, shrink, restore, sync) and call it
@@ -132,12 +144,7 @@ def run(train, comm, state: State, *, min_workers: int = 1, max_workers: int | N
             if isinstance(err, InvalidArgumentError):
                 raise
             t0 = time.monotonic()
-            current.revoke()  # every rank leaves whatever collective it is in
-            _, failed = current.agree(True)
-            if current.size - len(failed) < min_workers:
-                raise HarpError(f"harp.elastic: {current.size - len(failed)} workers left after losing ranks "
-                                f"{failed}, fewer than min_workers={min_workers}: {err}") from err
-            new = current.shrink(failed)
+            new, failed = shrink_to_survivors(current, err, min_workers)
             if current is not comm:
                 current.destroy()
             old_size, current = current.size, new

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from harp.elastic import shrink_to_survivors
 from harp.errors import HarpError, InvalidArgumentError
 
 from . import _state, broadcast_object, broadcast_optimizer_state, broadcast_parameters, rank
@@ -143,12 +144,7 @@ class TorchState(ObjectState):
 def _recover(err, min_workers):
     """Revoke, agree, shrink: the survivors' communicator becomes hvd's."""
     comm = _state["comm"]
-    comm.revoke()
-    _, failed = comm.agree(True)
-    if comm.size - len(failed) < min_workers:
-        raise HarpError(f"hvd.elastic: {comm.size - len(failed)} workers left after losing ranks {failed}, "
-                        f"fewer than min_workers={min_workers}: {err}") from err
-    new = comm.shrink(failed)
+    new, failed = shrink_to_survivors(comm, err, min_workers, who="hvd.elastic")
     if _state["owned"]:
         comm.destroy()
     _state["comm"], _state["owned"] = new, True
