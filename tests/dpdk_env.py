@@ -11,17 +11,9 @@ import glob
 import os
 
 import harp
-from harp.cluster.veth_hosts import Host, dpdk_hosts, hugepages  # noqa: F401 (re-exported)
+from harp.cluster.veth_hosts import Host, dpdk_hosts, dpdk_unavailable, hugepages  # noqa: F401 (re-exported)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def dpdk_unavailable() -> str:
-    """'' when the dpdk transport is built into this harp, else why not."""
-    for name, _prio, why in harp.transports():
-        if name == "dpdk":
-            return why
-    return "this harp build has no dpdk transport (libdpdk-dev missing at build time)"
 
 
 def selftest_binary() -> str | None:

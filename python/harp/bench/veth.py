@@ -29,15 +29,6 @@ from . import check
 from ..cluster import veth_hosts
 
 
-def _dpdk_unavailable():
-    import harp
-
-    for name, _prio, why in harp.transports():
-        if name == "dpdk":
-            return why
-    return "this harp build has no dpdk transport (libdpdk-dev missing at build time)"
-
-
 def _run_all(hosts, argv, env, timeout=900):
     procs = [h.popen(argv(r, h), env=env(r, h), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r, h in enumerate(hosts)]
@@ -69,7 +60,7 @@ def _keep_best(best, res):
 
 def run(a, tmp, worker_args):
     """{"harp-dpdk", "harp-tcp"[, "gloo"]: merged results}, [failures], packet-rate lines."""
-    why = _dpdk_unavailable()
+    why = veth_hosts.dpdk_unavailable()
     if why:
         raise SystemExit(f"harp-bench --veth: the dpdk transport is unavailable: {why}")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "MASTER_", "RANK", "WORLD_SIZE"))}

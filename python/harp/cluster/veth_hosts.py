@@ -18,6 +18,16 @@ import os
 import subprocess
 
 
+def dpdk_unavailable() -> str:
+    """'' when the dpdk transport is available in this harp, else why not."""
+    import harp
+
+    for name, _prio, why in harp.transports():
+        if name == "dpdk":
+            return why
+    return "this harp build has no dpdk transport (libdpdk-dev missing at build time)"
+
+
 def _run(cmd, check=True):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if check and r.returncode:
