@@ -119,6 +119,7 @@ struct CommResources {
   std::vector<transport::Transport*> transport_of;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of;            // by peer rank (nullptr for self)
   int spin = 64;               // HARP_SPIN: progress polls before yielding, then blocking
+  size_t spin_bytes = 0;       // HARP_SPIN_BYTES: waits on more pending bytes than this do not spin
   size_t segment_bytes = 0;    // HARP_SEGMENT_BYTES: pipelining segment
   std::vector<uint8_t> scratch;        // Context::scratch
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)

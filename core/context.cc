@@ -119,7 +119,11 @@ void Context::wait(Request* r) { waitAll({r}); }
 void Context::waitAll(std::initializer_list<Request*> rs) { waitAll(std::vector<Request*>(rs)); }
 
 void Context::waitAll(const std::vector<Request*>& rs) {
-  const int kSpin = res_.spin;
+  // A wait for many bytes lasts far longer than a wake-up: spinning then only
+  // takes CPU from the peers and the kernel's network stack (HARP_SPIN_BYTES).
+  size_t pending = 0;
+  for (Request* r : rs) pending += r->len;
+  const int kSpin = pending > res_.spin_bytes ? 1 : res_.spin;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
   bool warned = false;  // issue 19: stall warning given

@@ -8,7 +8,8 @@
 //
 // Waiting policy: poll the transports, spin briefly, then sched_yield, then
 // block in the transport's wait() — never burn a core when ranks outnumber
-// cores.
+// cores. Waits on more than HARP_SPIN_BYTES pending bytes poll once and block:
+// they last far longer than a wake-up.
 //
 // Descriptor check: the tag carries the descriptor exactly only while root <
 // 4096 and count < 2^32, and a rank that only sends (the root of a broadcast or
