@@ -289,16 +289,10 @@ def test_cut_link_makes_the_other_ranks_fail_naming_the_lost_rank(cluster, tmp_p
                                   lambda: subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True))
     finally:
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
-    # A silent link cannot be told from a slow peer: the rank waiting on rank 2 raises
-    # HarpTimeoutError naming it, and the ranks it aborts raise PeerError carrying that message.
-    # Known gap (core, reported): a rank blocked on that neighbour may time out first and name the
-    # neighbour instead of rank 2, so only "some rank names rank 2" is asserted here.
-    for r in (0, 1):
-        assert r in fails, log
-        cls, msg, dt = fails[r]
-        assert cls in ("PeerError", "HarpTimeoutError"), fails
-        assert dt < 5 + 30, fails   # HARP_TIMEOUT=5, generous slack for a loaded machine
-    assert any("rank 2" in m or "rank(s) 2" in m for _, m, _ in fails.values()), fails
+    # A silent link cannot be told from a slow peer by the data path alone; the keep-alive
+    # (issue 18: UDP heartbeats, HARP_KEEPALIVE_TIMEOUT 3 s < HARP_TIMEOUT 5 s) hears nothing
+    # from rank 2 and every survivor's error names rank 2, not the neighbour it was blocked on.
+    _assert_lost_rank_named(fails, log, classes=("PeerError", "HarpTimeoutError"))
 
 
 def _assert_lost_rank_named(fails, log, classes=("PeerError",)):
