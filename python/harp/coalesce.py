@@ -14,11 +14,12 @@ fusion buffer, reduced by one allreduce per buffer, and copied back. Mixed
 dtypes form one group each (in order of first appearance). An array of at
 least HARP_FUSION_ALONE_BYTES (default 128K), or of half of HARP_FUSION_BYTES,
 travels alone, in place: copying it in and out would cost more than the
-per-call overhead fusion saves (on loopback under load, 32 MB of 4K-2M arrays
-fused entirely took 1.48x one flat allreduce, with arrays >= 128K alone 0.82x;
-bench/coalesced_bench.py). Those reductions are queued back to back. Groups longer than half the fusion buffer are cut into chunks that
-alternate between its two halves, so packing chunk i+1 and unpacking chunk
-i-1 overlap the reduction of chunk i. HARP_FUSION_BYTES (default 64M) bounds
+per-call overhead fusion saves (4 loopback ranks under load, 32 MB of 4K-2M
+arrays: all fused 1.42x one flat allreduce, arrays >= 128K alone 0.75x; arena
+1 Gbit/s: 1.17x and 1.14x; bench/RESULTS-vpc.md). Those reductions are queued
+back to back. Groups longer than half the fusion buffer are cut into chunks
+that alternate between its two halves, so packing chunk i+1 and unpacking
+chunk i-1 overlap the reduction of chunk i. HARP_FUSION_BYTES (default 64M) bounds
 the staging memory of a communicator; 0 sends every array alone (still one
 list call, reductions queued back to back).
 
