@@ -17,6 +17,14 @@ derived bound (harp.compress.error_bound). Then the same modes on the unshaped l
 machine (--local-ranks ranks over loopback tcp, builtin calibration): the gate must switch
 compression off (compressed_calls == 0) and each mode's time is compared with dense.
 Writes one JSON stamped before and after (bench/vpc/stamp.py).
+
+    python3 bench/vpc/compress_bench.py --gate-overhead --local-ranks 4 --out .../gate-overhead.json
+
+Only the unshaped check, as a paired A/B in one job: communicator A has HARP_COMPRESS unset,
+B (A.split, made after HARP_COMPRESS=<spec> is set, so its engine reads it) has each spec in
+turn; the gate must turn it off (compressed_calls == 0) and the same plain calls
+(comm.allreduce(x), the fast path) alternate A, B, A, B... per size, so load drifts hit both
+alike. Reports median(B) / median(A) per spec and size (slowest rank per call).
 """
 from __future__ import annotations
 
@@ -94,6 +102,68 @@ comm.destroy()
 '''
 
 
+GATE_WORKER = r'''
+import json, os, statistics, sys, time
+import numpy as np
+import harp
+from harp import compress as hc
+
+out, iters, specs, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split("/"), [int(x) for x in sys.argv[4].split(",")]
+os.environ.pop("HARP_COMPRESS", None)
+a = harp.init()
+a.allreduce(np.ones(16, np.float32))  # A's engine now exists, without HARP_COMPRESS
+res = {}
+for spec in specs:
+    os.environ["HARP_COMPRESS"] = spec
+    b = a.split(0, a.rank)
+    b.allreduce(np.ones(16, np.float32))  # B's engine reads HARP_COMPRESS=spec
+    for n in sizes:
+        x = np.ones(n // 4, np.float32)
+        ta, tb = [], []
+        for i in range(iters):
+            for c, t in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
+                c.barrier()
+                s = time.perf_counter()
+                c.allreduce(x)
+                t.append(time.perf_counter() - s)
+        res[f"{spec}|{n}"] = {"a": ta, "b": tb, "b_compressed_calls": hc.stats(b)["compressed_calls"]}
+    b.destroy()
+with open(f"{out}.rank{a.rank}", "w") as f:
+    json.dump(res, f)
+a.destroy()
+'''
+
+
+def gate_overhead(a, env, record):
+    """The unshaped A/B (see the module doc): B (HARP_COMPRESS=spec, gated off) over A (unset)."""
+    tmp = tempfile.mkdtemp(prefix="gate-overhead-")
+    worker = os.path.join(tmp, "worker.py")
+    with open(worker, "w") as f:
+        f.write(GATE_WORKER)
+    launch = [os.path.join(os.path.dirname(sys.executable), "harp-run")]
+    if not os.path.exists(launch[0]):
+        launch = [sys.executable, "-m", "harp.launch"]
+    specs, sizes = ["fp16", "bf16", "topk:0.01,ef"], [4096, 65536, 1 << 20, 16 << 20]
+    cmd = launch + ["-n", str(a.local_ranks), sys.executable, worker, os.path.join(tmp, "g"), str(a.gate_iters),
+                    "/".join(specs), ",".join(map(str, sizes))]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+    if r.returncode:
+        raise RuntimeError(f"gate overhead job failed ({r.returncode}): {r.stderr[-3000:]}")
+    ranks = [json.load(open(os.path.join(tmp, x))) for x in sorted(os.listdir(tmp)) if x.startswith("g.rank")]
+    summary = {}
+    print(f"## unshaped loopback, {a.local_ranks} ranks: HARP_COMPRESS=spec (gated) over unset, paired calls")
+    for key in ranks[0]:
+        ta = [max(rk[key]["a"][i] for rk in ranks) for i in range(len(ranks[0][key]["a"]))]
+        tb = [max(rk[key]["b"][i] for rk in ranks) for i in range(len(ranks[0][key]["b"]))]
+        ratio = statistics.median(tb) / statistics.median(ta)
+        comp = sum(rk[key]["b_compressed_calls"] for rk in ranks)
+        summary[key] = {"a_median_s": statistics.median(ta), "b_median_s": statistics.median(tb),
+                        "b_over_a": ratio, "compressed_calls_all_ranks": comp}
+        print(f"{key:>24} A {statistics.median(ta) * 1e6:10.1f} us  B {statistics.median(tb) * 1e6:10.1f} us  "
+              f"B/A {ratio:.3f}  compressed calls {comp}")
+    record["gate_overhead"] = {"runs": ranks, "summary": summary, "iters": a.gate_iters}
+
+
 def run_job(cmd_prefix, tmp, tag, mb, iters, modes, env, timeout):
     worker = os.path.join(tmp, "worker.py")
     with open(worker, "w") as f:
@@ -158,10 +228,18 @@ def main():
     ap.add_argument("--local-ranks", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gate-overhead", action="store_true", help="only the unshaped A/B check (no arena)")
+    ap.add_argument("--gate-iters", type=int, default=40)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="compress-bench-")
     env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", HARP_TRANSPORT="tcp")
     record = {"stamp_before": stamp(), "command": " ".join(sys.argv), "modes": MODES}
+    if a.gate_overhead:
+        gate_overhead(a, env, record)
+        record["stamp_after"] = stamp()
+        with open(a.out, "w") as f:
+            json.dump(record, f, indent=1)
+        return
     st = topo.load(a.name) or net.up(a.name, a.hosts, rate=a.rate)
     try:
         record["cluster"] = {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")}

@@ -8,6 +8,16 @@ Runs bench/vpc/ddp_train.py (one rank per host, OMP_NUM_THREADS=1) on arena
 cluster --name (brought up with max(--hosts) hosts if not up). Efficiency at
 H hosts = samples/s(H) / (H x samples/s(1)) with the same backend, medians
 over repetitions. Writes one JSON with a provenance stamp.
+
+Issue 17 studies (defaults unchanged without these options):
+    python3 bench/vpc/train_bench.py --hosts 4 --bucket-caps 1,25 --repeat 3 --out .../ddp-buckets.json
+        DDP on HARP with each bucket_cap_mb (interleaved per repetition): samples/s and the
+        ratio of each cap's median to the last cap's (target: 1 MB within 10% of 25 MB).
+    python3 bench/vpc/train_bench.py --hosts 4 --rate 100mbit --compress 'topk:0.01!' --seeds 0,1,2 \
+        --width 1024 --steps 20 --out .../ddp-topk.json
+        per seed: dense HARP, HARP with the comm hook (ddp_train.py --compress) and gloo, same
+        steps and data: final loss relative to dense HARP's (target within 1%) and wall time
+        ratios (target >= 3x faster than dense HARP and than gloo).
 """
 from __future__ import annotations
 
@@ -26,11 +36,11 @@ from harp.cluster import net, topology as topo  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 
-def train(name, hosts, backend, launcher, steps, warmup, timeout=900):
+def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=()):
     env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
     cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher", launcher,
            "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
-           "--steps", str(steps), "--warmup", str(warmup)]
+           "--steps", str(steps), "--warmup", str(warmup), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     # Ray forwards worker output with a "(RayTrainWorker pid=..)" prefix
     lines = [l[l.index("TRAIN {"):] for l in r.stdout.splitlines() if "TRAIN {" in l]
@@ -38,8 +48,8 @@ def train(name, hosts, backend, launcher, steps, warmup, timeout=900):
         raise RuntimeError(f"{backend}/{launcher} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
     rec = json.loads(lines[-1][6:])
     rec["launcher"] = launcher
-    print(f"# {hosts} hosts {backend:>4} via {launcher:<8}: {rec['samples_per_s']:7.2f} samples/s, "
-          f"loss {rec['final_loss']:.6f}", flush=True)
+    print(f"# {hosts} hosts {backend:>4} via {launcher:<8} {' '.join(extra)}: {rec['samples_per_s']:7.2f} samples/s, "
+          f"{rec['seconds']:.2f} s, loss {rec['final_loss']:.6f}", flush=True)
     return rec
 
 
@@ -76,6 +86,48 @@ def launchers(a, name, hosts):
     return recs
 
 
+def _common(a):
+    return ["--width", str(a.width)] if a.width else []
+
+
+def bucket_caps(a, name, hosts):
+    """Issue 17: DDP on HARP with each --bucket-caps value, interleaved per repetition."""
+    caps = [float(c) for c in a.bucket_caps.split(",")]
+    runs = {c: [] for c in caps}
+    for _ in range(a.repeat):
+        for c in caps:
+            runs[c].append(train(name, hosts, "harp", "harp", a.steps, a.warmup,
+                                 extra=["--bucket-cap-mb", str(c)] + _common(a)))
+    med = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
+    summary = {c: {"samples_per_s_median": med[c], "min": min(r["samples_per_s"] for r in runs[c]),
+                   "max": max(r["samples_per_s"] for r in runs[c]), "ratio_to_last_cap": med[c] / med[caps[-1]]}
+               for c in caps}
+    print("## DDP on HARP by bucket_cap_mb: samples/s median (min..max), ratio to the last cap")
+    for c, s in summary.items():
+        print(f"{c:>6} MB {s['samples_per_s_median']:8.2f} ({s['min']:.2f}..{s['max']:.2f}) {s['ratio_to_last_cap']:.3f}")
+    return {"runs": {str(c): r for c, r in runs.items()}, "summary": {str(c): s for c, s in summary.items()}}
+
+
+def compress_study(a, name, hosts):
+    """Issue 17: per seed, dense HARP, HARP with the --compress comm hook, and gloo."""
+    out = {}
+    for seed in [int(x) for x in a.seeds.split(",")]:
+        base = ["--seed", str(seed)] + _common(a)
+        dense = train(name, hosts, "harp", "harp", a.steps, a.warmup, extra=base)
+        comp = train(name, hosts, "harp", "harp", a.steps, a.warmup, extra=base + ["--compress", a.compress])
+        gloo = train(name, hosts, "gloo", "harp", a.steps, a.warmup, extra=base)
+        out[seed] = {"dense": dense, "compressed": comp, "gloo": gloo,
+                     "loss_rel_diff_vs_dense": abs(comp["final_loss"] - dense["final_loss"]) / abs(dense["final_loss"]),
+                     "speedup_vs_dense": dense["seconds"] / comp["seconds"],
+                     "speedup_vs_gloo": gloo["seconds"] / comp["seconds"]}
+    print(f"## {a.compress} comm hook vs dense HARP and gloo, {hosts} hosts, {a.steps} steps")
+    for seed, r in out.items():
+        print(f"seed {seed}: loss dense {r['dense']['final_loss']:.6f} compressed {r['compressed']['final_loss']:.6f} "
+              f"gloo {r['gloo']['final_loss']:.6f} (rel diff {r['loss_rel_diff_vs_dense']:.4f}); "
+              f"{r['speedup_vs_dense']:.2f}x dense HARP, {r['speedup_vs_gloo']:.2f}x gloo")
+    return {str(k): v for k, v in out.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="vpc")
@@ -87,6 +139,10 @@ def main():
     ap.add_argument("--launchers-only", action="store_true")
     ap.add_argument("--launchers", default="harp,torchrun,mpirun,slurm,ray",
                     help="with --launchers-only: the launchers running the harp backend (gloo runs under harp)")
+    ap.add_argument("--bucket-caps", default="", help="issue 17: e.g. 1,25 (DDP bucket_cap_mb study on HARP)")
+    ap.add_argument("--compress", default="", help="issue 17: e.g. 'topk:0.01!' (comm hook study, with --seeds)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--width", type=int, default=0, help="ddp_train.py --width (0: its default)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]
@@ -97,7 +153,11 @@ def main():
     try:
         rec = {"stamp_before": stamp(), "command": " ".join(sys.argv),
                "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")}}
-        if a.launchers_only:
+        if a.bucket_caps:
+            rec["bucket_caps"] = bucket_caps(a, a.name, hosts_list[0])
+        elif a.compress:
+            rec["compress"] = compress_study(a, a.name, hosts_list[0])
+        elif a.launchers_only:
             rec["launchers"] = launchers(a, a.name, hosts_list[0])
         else:
             rec["scaling"] = scaling(a, a.name, hosts_list)

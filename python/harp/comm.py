@@ -487,6 +487,34 @@ class Communicator:
         uid = None if unique_id is None else bytes(unique_id)
         return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
 
+    # -- coalesced collectives (issue 17; harp/coalesce.py) ------------------------------
+    _coalesced = None  # the unfinished CoalescedWork (the fusion buffer is its until then)
+    _fusion = None     # [half 0, half 1] of the fusion buffer (uint8 arrays), grown on demand
+    _fusion_half_bytes = None
+
+    def allreduce_coalesced(self, tensors, op="sum", *, async_op=False, timeout=None):
+        """Allreduce every array of `tensors` in place, small ones fused into few collectives
+        (HARP_FUSION_BYTES staging, one group per dtype); returns the list, or a CoalescedWork
+        with async_op=True (results in place once wait() returns). Lists that differ between
+        ranks raise MismatchError on every rank. See harp.coalesce."""
+        from . import coalesce
+        return coalesce.allreduce_coalesced(self, tensors, op, async_op=async_op, timeout=timeout)
+
+    _fusion_alone_bytes = None
+
+    def _fusion_half(self):
+        """(half of HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES), read on first use."""
+        if self._fusion_half_bytes is None:
+            from .coalesce import fusion_bytes
+            self._fusion_half_bytes = fusion_bytes() // 2
+            self._fusion_alone_bytes = fusion_bytes("HARP_FUSION_ALONE_BYTES")
+        return self._fusion_half_bytes, self._fusion_alone_bytes
+
+    def _fusion_buffers(self) -> list:
+        if self._fusion is None:
+            self._fusion = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+        return self._fusion
+
 
 class UniqueId:
     """128 opaque bytes that identify a job's bootstrap root (like ncclUniqueId)."""

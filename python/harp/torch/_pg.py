@@ -228,6 +228,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                          op=op, timeout=timeout)], opts, result, [s])
 
     def allreduce_coalesced(self, tensors, opts=None):
+        # issue 17: mixed dtypes form one flat tensor (one allreduce) each, in order of first appearance.
         opts = opts or _c10d.AllreduceCoalescedOptions()
         d = self._delegate(tensors, "allreduce_coalesced", tensors, opts)
         if d is not None:
@@ -235,25 +236,30 @@ class ProcessGroupHarp(dist.ProcessGroup):
         self._check(tensors, "allreduce_coalesced")
         if not tensors:
             return completed_work("allreduce_coalesced", self._desc, tensors)
-        if any(t.dtype != tensors[0].dtype or t.device != tensors[0].device for t in tensors):
-            raise UnsupportedError("harp allreduce_coalesced: all tensors must have the same dtype and device")
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        if any(t.device != tensors[0].device for t in tensors):
+            raise UnsupportedError("harp allreduce_coalesced: all tensors must be on the same device")
+        groups = {}
+        for t in tensors:
+            groups.setdefault(t.dtype, []).append(t)
+        flats = [(g, torch.cat([t.reshape(-1) for t in g])) for g in groups.values()]
 
         def post():
-            off = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[off:off + n].view_as(t))
-                off += n
+            for g, flat in flats:
+                off = 0
+                for t in g:
+                    n = t.numel()
+                    t.copy_(flat[off:off + n].view_as(t))
+                    off += n
 
         op, factor = harp_op(opts.reduceOp)
-        s = Staged(flat, read=True, write=True, reducing=True, op="allreduce_coalesced")
+        staged = [Staged(flat, read=True, write=True, reducing=True, op="allreduce_coalesced") for _, flat in flats]
         if factor is not None:
-            s.host.mul_(factor)
+            for s in staged:
+                s.host.mul_(factor)
         timeout = _secs(opts.timeout)
         return self._issue("allreduce_coalesced",
                            lambda: [self._submit(self._coll, Coll.allreduce, s.ptr, s.ptr, s.count, s.dt, op=op,
-                                                 timeout=timeout)], opts, tensors, [s], post)
+                                                 timeout=timeout) for s in staged], opts, tensors, staged, post)
 
     # -- broadcast / reduce ------------------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
