@@ -544,4 +544,10 @@ PYBIND11_MODULE(_harp, m) {
     if (path.empty()) throw Error(Error::kInternal, "flight record not written: " + err);
     return path;
   }, py::arg("reason") = "harp.debug.dump()");
+  m.def("obs_pause", [](Communicator& c, bool paused) {
+    auto r = c.recorder();
+    if (!r) throw InvalidArgument("obs_pause: this communicator has no flight recorder (HARP_FR_ENTRIES=0)");
+    r->setPaused(paused);
+  }, py::arg("comm"), py::arg("paused"),
+        "benchmarks only (bench/recorder_overhead.py): stop or resume recording this communicator's calls");
 }

@@ -80,34 +80,41 @@ const char* stateName(uint8_t s) {
 }
 
 Recorder::Recorder(Identity id, size_t entries, std::shared_ptr<Store> store)
-    : id_(std::move(id)), ring_(entries), cells_(new MetricCell[256]), store_(std::move(store)) {
+    : id_(std::move(id)), ring_(std::max<size_t>(entries, 1)), cells_(new MetricCell[256]), store_(std::move(store)) {
+  hot_.ring = ring_.data();
+  hot_.cells = cells_.get();
+  hot_.size = static_cast<uint32_t>(ring_.size());  // at most 2^24 (attachRecorder)
   calibration();
   for (int r = 0; r < id_.size; ++r) global_ranks_.push_back(r);
 }
 
+// The hot path: one ring slot (a cache line the previous end() prefetched),
+// a few counters of this Recorder and one metrics cell, all written with
+// plain stores (x86: release and relaxed stores and the release fence are
+// ordinary moves), and one time-stamp counter read each in begin and end.
 OpRecord* Recorder::begin(const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq) {
-  const uint64_t id = next_id_.load(std::memory_order_relaxed);
-  OpRecord& r = ring_[slot_];
-  if (++slot_ == ring_.size()) slot_ = 0;
+  Hot& h = hot_;
+  const uint64_t id = h.next_id.load(std::memory_order_relaxed);
+  OpRecord& r = h.ring[h.slot];
+  if (++h.slot == h.size) h.slot = 0;
   r.id.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   r.seq = seq;
-  r.p2p_seq = seq ? 0 : ++p2p_seq_;
+  r.p2p_seq = seq ? 0 : ++h.p2p_seq;
   r.coll = static_cast<uint8_t>(a.coll);
   r.dtype = static_cast<uint8_t>(dt);
   r.op = static_cast<uint8_t>(a.op);
   r.peer = a.peer;
   r.root = a.root;
   r.count = a.count;
-  r.bytes = a.count * dtypeSize(a.dtype);
   r.algo = algo;
   r.t_end.store(0, std::memory_order_relaxed);
   r.state.store(kStarted, std::memory_order_relaxed);
   r.t_start = ticks();
   r.id.store(id + 1, std::memory_order_release);
-  next_id_.store(id + 1, std::memory_order_relaxed);
-  if (seq) started_.store(seq, std::memory_order_relaxed);
-  current_.store(&r, std::memory_order_release);
+  h.next_id.store(id + 1, std::memory_order_relaxed);
+  if (seq) h.started.store(seq, std::memory_order_relaxed);
+  h.current.store(&r, std::memory_order_release);
   return &r;
 }
 
@@ -115,14 +122,17 @@ void Recorder::end(OpRecord* r, bool ok) {
   const uint64_t t = ticks();
   r->t_end.store(t, std::memory_order_relaxed);
   r->state.store(ok ? kCompleted : kFailed, std::memory_order_release);
-  current_.store(nullptr, std::memory_order_relaxed);
+  Hot& h = hot_;
+  h.current.store(nullptr, std::memory_order_relaxed);
+  __builtin_prefetch(&h.ring[h.slot], 1);  // the next call's slot, while the caller runs
   if (!ok) return;
-  if (r->seq) completed_.store(r->seq, std::memory_order_relaxed);
-  MetricCell& m = cells_[(r->coll & 15) * 16 + ((r->algo ? r->algo->index : 0) & 15)];
+  if (r->seq) h.completed.store(r->seq, std::memory_order_relaxed);
+  const uint64_t took = t - r->t_start;
+  MetricCell& m = h.cells[(r->coll & 15) * 16 + ((r->algo ? r->algo->index : 0) & 15)];
   bump(m.count, 1);
-  bump(m.bytes, r->bytes);
-  bump(m.ticks, t - r->t_start);
-  bump(m.hist[bucketOf(t - r->t_start)], 1);
+  bump(m.bytes, r->count * dtypeSize(static_cast<DataType>(r->dtype)));
+  bump(m.ticks, took);
+  bump(m.hist[bucketOf(took)], 1);
 }
 
 namespace {
@@ -138,7 +148,6 @@ bool copySlot(const OpRecord& r, OpSnapshot* s) {
   s->peer = r.peer;
   s->root = r.root;
   s->count = r.count;
-  s->bytes = r.bytes;
   const Algorithm* a = r.algo;
   s->t_start = r.t_start;
   s->t_end = r.t_end.load(std::memory_order_relaxed);
@@ -151,7 +160,7 @@ bool copySlot(const OpRecord& r, OpSnapshot* s) {
 }  // namespace
 
 bool Recorder::inFlight(OpSnapshot* out) const {
-  const OpRecord* r = current_.load(std::memory_order_acquire);
+  const OpRecord* r = hot_.current.load(std::memory_order_acquire);
   return r && copySlot(*r, out) && out->state == kStarted;
 }
 

@@ -56,14 +56,44 @@ def test_ring_is_bounded_and_wraps(transport):
 
 
 def _off(rank, size):
+    from harp import _harp
     comm = harp.init()
     comm.allreduce(np.ones(4, np.float32))
-    return harp.debug.status()["comms"], harp.debug.flight_record()["entries"]
+    try:
+        _harp.obs_pause(comm._c, True)
+        paused = "no error"
+    except harp.HarpError as e:
+        paused = str(e)
+    return harp.debug.status()["comms"], harp.debug.flight_record()["entries"], paused
 
 
 def test_fr_entries_zero_turns_the_recorder_off():
-    for comms, entries in run_ranks(2, _off, env={"HARP_FR_ENTRIES": "0"}, timeout=60):
+    for comms, entries, paused in run_ranks(2, _off, env={"HARP_FR_ENTRIES": "0"}, timeout=60):
         assert comms == [] and entries == []
+        assert "no flight recorder (HARP_FR_ENTRIES=0)" in paused, paused
+
+
+def _paused(rank, size):
+    from harp import _harp
+    comm = harp.init()
+    comm.allreduce(np.ones(3, np.int32))
+    _harp.obs_pause(comm._c, True)  # bench/recorder_overhead.py's "off" rounds
+    for _ in range(5):
+        comm.allreduce(np.ones(3, np.int32))
+    _harp.obs_pause(comm._c, False)
+    out = comm.allreduce(np.ones(3, np.int32))
+    (st,) = harp.debug.status()["comms"]
+    seqs = [e["collective_seq_id"] for e in harp.debug.flight_record()["entries"]]
+    calls = sum(m["count"] for m in st["metrics"])
+    return seqs, st["ops"], calls, out.tolist()
+
+
+def test_paused_recorder_records_nothing_and_resumes():
+    # The benchmark's on/off switch: paused calls run (and keep their sequence numbers) but leave
+    # no record, count or metric; resumed calls are recorded again.
+    for seqs, ops, calls, out in run_ranks(2, _paused, timeout=60):
+        assert out == [2, 2, 2]
+        assert seqs == [1, 7] and ops == 2 and calls == 2, (seqs, ops, calls)
 
 
 # -- a rank that skips an operation: stall warning, timeout text, dumps, fr_trace ----------------------------
