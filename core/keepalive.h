@@ -20,6 +20,17 @@
 // sending packets; a replayed beat (sequence not newer) is ignored. A bye (sent
 // by stop(), on destroy) retires the sender: it is never reported.
 //
+// A killed process is found faster than that: the socket has IP_RECVERR (or
+// IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes back
+// at once as an ICMP "port unreachable" on the error queue, naming the address
+// we sent to; that peer is reported at once ("its keep-alive port is closed").
+// probeNow() sends a beat to every watched peer now (the communicator calls it
+// on a lost-peer error, so the dead rank is named within a round trip, not a
+// timeout). A frozen or cut-off rank sends no ICMP: only the timeout finds it.
+// ICMP is not authenticated: someone who can forge ICMP on the path can make a
+// live rank look dead (a denial of service; never data corruption), as they
+// could by dropping its packets.
+//
 // Cost: nothing on the collective path (no shared state is read there). The
 // thread sleeps in poll(2) between beats; no busy loop.
 //
@@ -60,6 +71,9 @@ class KeepAlive {
   void stop();
   // Ranks found failed so far (sorted).
   std::vector<int> failed() const;
+  // A beat to every watched peer now (any thread): a dead peer's ICMP reply
+  // reports it within a round trip.
+  void probeNow();
   double timeout() const { return timeout_s_; }
 
  private:
@@ -67,6 +81,7 @@ class KeepAlive {
   void loop();
   void beat(uint8_t kind);
   void receive(double now);
+  void receiveErrors();
   void detect(double now);
   std::vector<int> watched() const;
 
@@ -82,6 +97,8 @@ class KeepAlive {
   OnFailure cb_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> probe_{false};
+  std::mutex stop_mu_;  // stop() and probeNow()
   mutable std::mutex mu_;
   std::vector<int> failed_;
 };
