@@ -22,7 +22,8 @@ namespace harp {
 namespace {
 
 constexpr char kMagic[4] = {'H', 'K', 'A', '1'};
-constexpr uint8_t kBeat = 1, kBye = 2;
+constexpr uint8_t kBeat = 1, kBye = 2, kDead = 3;  // kDead: bytes 5-7 hold a dead rank (24 bits)
+constexpr int kMaxNoticeRank = (1 << 24) - 1;
 constexpr size_t kSigned = 24, kMacBytes = 16, kPacket = kSigned + kMacBytes;
 
 double now() {
@@ -53,7 +54,8 @@ struct KeepAlive::Peer {
   double last = 0;        // when its latest beat arrived (start time before the first)
   uint32_t last_seq = 0;  // newest sequence accepted
   bool gone = false;      // said bye: left cleanly, never reported
-  bool refused = false;   // ICMP port unreachable: its process is gone
+  bool refused = false;   // ICMP port unreachable (here, or at the rank told_by): its process is gone
+  int told_by = -1;       // the rank whose kDead notice said so (-1: found here)
   bool failed = false;    // reported
 };
 
@@ -146,11 +148,13 @@ std::vector<int> KeepAlive::failed() const {
 
 // One packet to every watched peer (best effort: a full socket buffer or an
 // unreachable peer only loses this beat).
-void KeepAlive::beat(uint8_t kind) {
+void KeepAlive::beat(uint8_t kind, int dead) {
   if (fd_ < 0) return;
   char p[kPacket] = {};
   std::memcpy(p, kMagic, 4);
   p[4] = static_cast<char>(kind);
+  if (kind == kDead)
+    for (int i = 0; i < 3; ++i) p[5 + i] = static_cast<char>((dead >> (8 * i)) & 0xff);
   std::memcpy(p + 8, &comm_id_, 8);
   int32_t r = rank_;
   std::memcpy(p + 16, &r, 4);
@@ -185,7 +189,19 @@ void KeepAlive::receive(double t) {
     peer.last_seq = s;
     peer.last = t;
     if (p[4] == kBye) peer.gone = true;
+    if (p[4] == kDead) told(r, (p[5] & 0xff) | (p[6] & 0xff) << 8 | (p[7] & 0xff) << 16);
   }
+}
+
+// A signed notice from watched rank `from`: rank `dead`'s port refused its
+// beats. Spreads the first ICMP verdict to every rank at once (the kernel
+// rate-limits ICMP per host, so the others' own beats may get no answer).
+void KeepAlive::told(int from, int dead) {
+  if (dead >= size_ || dead == rank_ || peers_[dead].addr.len == 0) return;
+  Peer& d = peers_[dead];
+  if (d.gone || d.failed || d.refused) return;
+  d.refused = true;
+  d.told_by = from;
 }
 
 // The error queue: ICMP "port unreachable" for a beat to a watched peer means
@@ -223,14 +239,18 @@ void KeepAlive::receiveErrors() {
 void KeepAlive::detect(double t) {
   std::vector<int> now_failed;
   bool closed = false;
+  int told_by = -1;
   for (int r : watch_) {
     Peer& p = peers_[r];
     if (p.gone || p.failed || (!p.refused && t - p.last <= timeout_s_)) continue;
     p.failed = true;
     closed |= p.refused;
+    if (p.told_by >= 0) told_by = p.told_by;
     now_failed.push_back(r);
   }
   if (now_failed.empty()) return;
+  for (int r : now_failed)
+    if (peers_[r].refused && r <= kMaxNoticeRank) beat(kDead, r);  // tell the others (kDead notice)
   std::string who;
   for (int r : now_failed) who += (who.empty() ? "" : ", ") + describe_(r);
   {
@@ -239,7 +259,8 @@ void KeepAlive::detect(double t) {
     std::sort(failed_.begin(), failed_.end());
   }
   std::string why = who + (now_failed.size() == 1 ? " is" : " are") + " dead or unreachable: " +
-                    (closed ? std::string("its keep-alive port is closed (the process is gone)")
+                    (closed ? std::string("its keep-alive port is closed (the process is gone") +
+                                  (told_by >= 0 ? ", seen by rank " + std::to_string(told_by) : "") + ")"
                             : "no keep-alive for " + formatSeconds(timeout_s_) + " s (HARP_KEEPALIVE_TIMEOUT)");
   HARP_WARN("%s", why.c_str());
   if (cb_) cb_(now_failed, why);

@@ -13,7 +13,8 @@
 // two neighbours on each side of the rank ring (each failure is seen by up to
 // four ranks, and agree() collects what every rank saw).
 //
-// Wire: magic "HKA1" | kind (1 beat, 2 bye) | 3 zero bytes | comm id (8) |
+// Wire: magic "HKA1" | kind (1 beat, 2 bye, 3 dead) | 3 bytes: 0, or for
+// kind 3 the rank whose port refused the sender's beats (24-bit LE) | comm id (8) |
 // rank (4) | sequence (4) | HMAC-SHA256(key, the first 24 bytes) truncated to
 // 16 bytes. The key derives from the communicator's secret token, so nobody
 // outside the job can keep a dead rank alive or declare a live one gone by
@@ -24,7 +25,10 @@
 // IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes back
 // at once as an ICMP "port unreachable" on the error queue, naming the address
 // we sent to; that peer is reported at once ("its keep-alive port is closed").
-// probeNow() sends a beat to every watched peer now (the communicator calls it
+// The rank that sees such an ICMP reply tells its watched peers at once with a
+// signed "dead" packet (the kernel rate-limits ICMP per host, so the others'
+// beats may get no reply for a second); a receiver reports the rank as the
+// sender did. probeNow() sends a beat to every watched peer now (the communicator calls it
 // on a lost-peer error, so the dead rank is named within a round trip, not a
 // timeout). A frozen or cut-off rank sends no ICMP: only the timeout finds it.
 // ICMP is not authenticated: someone who can forge ICMP on the path can make a
@@ -79,7 +83,8 @@ class KeepAlive {
  private:
   struct Peer;
   void loop();
-  void beat(uint8_t kind);
+  void beat(uint8_t kind, int dead = -1);
+  void told(int from, int dead);
   void receive(double now);
   void receiveErrors();
   void detect(double now);
