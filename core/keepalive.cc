@@ -237,12 +237,25 @@ void KeepAlive::receiveErrors() {
 }
 
 void KeepAlive::detect(double t) {
+  // A host or link failure silences several ranks about together: while one
+  // peer is past the timeout and another is within an interval of it, wait
+  // (at most one interval) so one report names them all.
+  bool due = false, soon = false;
+  double first_due = t;
+  for (int r : watch_) {
+    const Peer& p = peers_[r];
+    if (p.gone || p.failed || p.refused) continue;
+    if (t - p.last > timeout_s_) due = true, first_due = std::min(first_due, p.last + timeout_s_);
+    else if (t - p.last > timeout_s_ - interval_s_) soon = true;
+  }
+  const bool defer = due && soon && t - first_due < interval_s_;
+  defer_until_ = defer ? first_due + interval_s_ : 0;
   std::vector<int> now_failed;
   bool closed = false;
   int told_by = -1;
   for (int r : watch_) {
     Peer& p = peers_[r];
-    if (p.gone || p.failed || (!p.refused && t - p.last <= timeout_s_)) continue;
+    if (p.gone || p.failed || (!p.refused && (defer || t - p.last <= timeout_s_))) continue;
     p.failed = true;
     closed |= p.refused;
     if (p.told_by >= 0) told_by = p.told_by;
@@ -280,7 +293,9 @@ void KeepAlive::loop() {
     // comes first: a silent peer is reported at the timeout, not up to an interval later.
     double wake = next;
     for (int r : watch_)
-      if (!peers_[r].gone && !peers_[r].failed) wake = std::min(wake, peers_[r].last + timeout_s_ + 0.001);
+      if (!peers_[r].gone && !peers_[r].failed && peers_[r].last + timeout_s_ >= t)
+        wake = std::min(wake, peers_[r].last + timeout_s_ + 0.001);
+    if (defer_until_ > 0) wake = std::min(wake, defer_until_ + 0.001);
     int ms = static_cast<int>(std::max(1.0, (wake - now()) * 1000.0));
     int n = ::poll(pfds, 2, ms);
     if (n > 0 && pfds[1].revents) {

@@ -5,8 +5,9 @@
 // every rank is blocked in a collective: each communicator of more than one
 // rank runs one KeepAlive, a thread with one UDP socket that sends a 40-byte
 // heartbeat to its watched peers every HARP_KEEPALIVE_INTERVAL seconds and
-// reports a watched peer silent for HARP_KEEPALIVE_TIMEOUT seconds to the
-// owner's callback (Communicator: markBroken naming the rank, which tells every
+// reports a watched peer silent for HARP_KEEPALIVE_TIMEOUT seconds (held back
+// by at most one interval while another peer is about to time out too, so a
+// lost host is one report naming all its ranks) to the owner's callback (Communicator: markBroken naming the rank, which tells every
 // other peer through the transports' abort notices).
 //
 // Watched peers: every other rank up to kAllToAllRanks ranks; beyond that the
@@ -103,6 +104,7 @@ class KeepAlive {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> probe_{false};
+  double defer_until_ = 0;  // detect(): a report held back for a peer about to time out too
   std::mutex stop_mu_;  // stop() and probeNow()
   mutable std::mutex mu_;
   std::vector<int> failed_;
