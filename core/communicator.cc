@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include <sstream>
 
@@ -715,8 +716,12 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
   obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // issue 19: flight recorder
+  // issue 18: the Context outlives the catch below: markBroken() fails the
+  // transports' pending requests, which live in it (destroyed first, they were
+  // freed memory the abort wrote to: "double free or corruption" in failAll).
+  std::optional<Context> live;
   try {
-    Context ctx(res_, rank_, size_, a, tag, timeout);
+    Context& ctx = live.emplace(res_, rank_, size_, a, tag, timeout);
     if (check) {
       ctx.startCheck(d);
       if (!rooted || a.count == 0) ctx.finishCheck();

@@ -91,15 +91,17 @@ void Communicator::stopKeepAlive() {
 // A lost peer's error names the peer at the other end of the failed
 // connection, which may be a survivor that aborted (its notice lost behind a
 // partial frame, or cut short: shm keeps ~180 bytes of it) rather than the
-// rank that died. On that error path only, wait (at most one keep-alive
-// timeout and two intervals) for the keep-alive's verdict and return the
-// sentence naming the dead rank(s), or "".
+// rank that died. On that error path only, ask the keep-alive to probe now (a
+// killed rank's closed port answers at once), wait (at most one keep-alive
+// timeout and two intervals) for its verdict and return the sentence naming
+// the dead rank(s), or "".
 std::string Communicator::keepAliveVerdict(const std::string& failure) {
   if (!keepalive_) return "";
   // Already named by a keep-alive, or not a lost peer: a user's abort, a mismatch, a timeout.
   for (const char* known : {"dead or unreachable", "aborted by rank", "collective mismatch", "timed out"})
     if (failure.find(known) != std::string::npos) return "";
   const Deadline dl = Deadline::after(keepalive_->timeout() + 2 * env::timeout("HARP_KEEPALIVE_INTERVAL"));
+  keepalive_->probeNow();  // a killed peer's closed port answers within a round trip
   for (;;) {
     std::vector<int> dead = keepalive_->failed();
     if (!dead.empty()) {
@@ -110,7 +112,7 @@ std::string Communicator::keepAliveVerdict(const std::string& failure) {
       return "the keep-alive found " + who + " dead or unreachable";
     }
     if (dl.passed()) return "";
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 

@@ -2,6 +2,8 @@
 #include "core/keepalive.h"
 
 #include <fcntl.h>
+#include <linux/errqueue.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -20,7 +22,8 @@ namespace harp {
 namespace {
 
 constexpr char kMagic[4] = {'H', 'K', 'A', '1'};
-constexpr uint8_t kBeat = 1, kBye = 2;
+constexpr uint8_t kBeat = 1, kBye = 2, kDead = 3;  // kDead: bytes 5-7 hold a dead rank (24 bits)
+constexpr int kMaxNoticeRank = (1 << 24) - 1;
 constexpr size_t kSigned = 24, kMacBytes = 16, kPacket = kSigned + kMacBytes;
 
 double now() {
@@ -31,6 +34,19 @@ std::string mac(const std::string& key, const char* p) {
   return crypto::hmacSha256(key, std::string(p, kSigned)).substr(0, kMacBytes);
 }
 
+// Same address and port (the ICMP error names the destination we sent to).
+bool sameEndpoint(const sockaddr_storage& a, const SockAddr& b) {
+  if (a.ss_family != b.family()) return false;
+  if (a.ss_family == AF_INET) {
+    auto* x = reinterpret_cast<const sockaddr_in*>(&a);
+    auto* y = reinterpret_cast<const sockaddr_in*>(&b.ss);
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  auto* x = reinterpret_cast<const sockaddr_in6*>(&a);
+  auto* y = reinterpret_cast<const sockaddr_in6*>(&b.ss);
+  return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
+}
+
 }  // namespace
 
 struct KeepAlive::Peer {
@@ -38,6 +54,8 @@ struct KeepAlive::Peer {
   double last = 0;        // when its latest beat arrived (start time before the first)
   uint32_t last_seq = 0;  // newest sequence accepted
   bool gone = false;      // said bye: left cleanly, never reported
+  bool refused = false;   // ICMP port unreachable (here, or at the rank told_by): its process is gone
+  int told_by = -1;       // the rank whose kDead notice said so (-1: found here)
   bool failed = false;    // reported
 };
 
@@ -53,6 +71,10 @@ KeepAlive::KeepAlive(int rank, int size, uint64_t comm_id, const std::string& se
     ::close(fd_);
     throw ErrnoError("keep-alive bind to " + a.str(), e);
   }
+  // ICMP errors (a dead peer's closed port) onto the error queue: receiveErrors().
+  int on = 1;
+  if (a.family() == AF_INET6) ::setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVERR, &on, sizeof on);
+  else ::setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     int e = errno;
@@ -96,6 +118,7 @@ void KeepAlive::start(const std::vector<std::string>& addrs, std::function<std::
 }
 
 void KeepAlive::stop() {
+  std::lock_guard<std::mutex> g(stop_mu_);  // against a concurrent probeNow() writing to wake_fd_
   if (thread_.joinable()) {
     stop_.store(true);
     uint64_t one = 1;
@@ -109,6 +132,15 @@ void KeepAlive::stop() {
   fd_ = wake_fd_ = -1;
 }
 
+void KeepAlive::probeNow() {
+  std::lock_guard<std::mutex> g(stop_mu_);
+  if (wake_fd_ < 0 || stop_.load()) return;
+  probe_.store(true);
+  uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, 8);
+  (void)n;
+}
+
 std::vector<int> KeepAlive::failed() const {
   std::lock_guard<std::mutex> g(mu_);
   return failed_;
@@ -116,11 +148,13 @@ std::vector<int> KeepAlive::failed() const {
 
 // One packet to every watched peer (best effort: a full socket buffer or an
 // unreachable peer only loses this beat).
-void KeepAlive::beat(uint8_t kind) {
+void KeepAlive::beat(uint8_t kind, int dead) {
   if (fd_ < 0) return;
   char p[kPacket] = {};
   std::memcpy(p, kMagic, 4);
   p[4] = static_cast<char>(kind);
+  if (kind == kDead)
+    for (int i = 0; i < 3; ++i) p[5 + i] = static_cast<char>((dead >> (8 * i)) & 0xff);
   std::memcpy(p + 8, &comm_id_, 8);
   int32_t r = rank_;
   std::memcpy(p + 16, &r, 4);
@@ -155,18 +189,81 @@ void KeepAlive::receive(double t) {
     peer.last_seq = s;
     peer.last = t;
     if (p[4] == kBye) peer.gone = true;
+    if (p[4] == kDead) told(r, (p[5] & 0xff) | (p[6] & 0xff) << 8 | (p[7] & 0xff) << 16);
+  }
+}
+
+// A signed notice from watched rank `from`: rank `dead`'s port refused its
+// beats. Spreads the first ICMP verdict to every rank at once (the kernel
+// rate-limits ICMP per host, so the others' own beats may get no answer).
+void KeepAlive::told(int from, int dead) {
+  if (dead >= size_ || dead == rank_ || peers_[dead].addr.len == 0) return;
+  Peer& d = peers_[dead];
+  if (d.gone || d.failed || d.refused) return;
+  d.refused = true;
+  d.told_by = from;
+}
+
+// The error queue: ICMP "port unreachable" for a beat to a watched peer means
+// its process (and so its socket) is gone. Read after the packets, so a bye
+// that came before the close is seen first.
+void KeepAlive::receiveErrors() {
+  for (;;) {
+    char data[kPacket], ctl[512];
+    sockaddr_storage to{};
+    iovec iov{data, sizeof data};
+    msghdr m{};
+    m.msg_name = &to;
+    m.msg_namelen = sizeof to;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (::recvmsg(fd_, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return;
+    bool refused = false;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      const bool v4 = c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_RECVERR;
+      const bool v6 = c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_RECVERR;
+      if (!v4 && !v6) continue;
+      sock_extended_err e;
+      std::memcpy(&e, CMSG_DATA(c), sizeof e);
+      refused |= e.ee_errno == ECONNREFUSED &&
+                 (e.ee_origin == SO_EE_ORIGIN_ICMP || e.ee_origin == SO_EE_ORIGIN_ICMP6);
+    }
+    if (!refused || m.msg_namelen == 0) continue;
+    for (int r : watch_)
+      if (sameEndpoint(to, peers_[r].addr)) peers_[r].refused = true;
   }
 }
 
 void KeepAlive::detect(double t) {
+  // A host or link failure silences several ranks about together: while one
+  // peer is past the timeout and another is within an interval of it, wait
+  // (at most one interval) so one report names them all.
+  bool due = false, soon = false;
+  double first_due = t;
+  for (int r : watch_) {
+    const Peer& p = peers_[r];
+    if (p.gone || p.failed || p.refused) continue;
+    if (t - p.last > timeout_s_) due = true, first_due = std::min(first_due, p.last + timeout_s_);
+    else if (t - p.last > timeout_s_ - interval_s_) soon = true;
+  }
+  const bool defer = due && soon && t - first_due < interval_s_;
+  defer_until_ = defer ? first_due + interval_s_ : 0;
   std::vector<int> now_failed;
+  bool closed = false;
+  int told_by = -1;
   for (int r : watch_) {
     Peer& p = peers_[r];
-    if (p.gone || p.failed || t - p.last <= timeout_s_) continue;
+    if (p.gone || p.failed || (!p.refused && (defer || t - p.last <= timeout_s_))) continue;
     p.failed = true;
+    closed |= p.refused;
+    if (p.told_by >= 0) told_by = p.told_by;
     now_failed.push_back(r);
   }
   if (now_failed.empty()) return;
+  for (int r : now_failed)
+    if (peers_[r].refused && r <= kMaxNoticeRank) beat(kDead, r);  // tell the others (kDead notice)
   std::string who;
   for (int r : now_failed) who += (who.empty() ? "" : ", ") + describe_(r);
   {
@@ -174,8 +271,10 @@ void KeepAlive::detect(double t) {
     failed_.insert(failed_.end(), now_failed.begin(), now_failed.end());
     std::sort(failed_.begin(), failed_.end());
   }
-  std::string why = who + (now_failed.size() == 1 ? " is" : " are") + " dead or unreachable: no keep-alive for " +
-                    formatSeconds(timeout_s_) + " s (HARP_KEEPALIVE_TIMEOUT)";
+  std::string why = who + (now_failed.size() == 1 ? " is" : " are") + " dead or unreachable: " +
+                    (closed ? std::string("its keep-alive port is closed (the process is gone") +
+                                  (told_by >= 0 ? ", seen by rank " + std::to_string(told_by) : "") + ")"
+                            : "no keep-alive for " + formatSeconds(timeout_s_) + " s (HARP_KEEPALIVE_TIMEOUT)");
   HARP_WARN("%s", why.c_str());
   if (cb_) cb_(now_failed, why);
 }
@@ -184,15 +283,30 @@ void KeepAlive::loop() {
   double next = now();
   while (!stop_.load()) {
     double t = now();
-    if (t >= next) {
+    if (t >= next || probe_.exchange(false)) {
       beat(kBeat);
       next = t + interval_s_;
     }
     detect(t);
     pollfd pfds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    int ms = static_cast<int>(std::max(1.0, (next - now()) * 1000.0));
+    // Wake for the next beat or the first watched peer's deadline, whichever
+    // comes first: a silent peer is reported at the timeout, not up to an interval later.
+    double wake = next;
+    for (int r : watch_)
+      if (!peers_[r].gone && !peers_[r].failed && peers_[r].last + timeout_s_ >= t)
+        wake = std::min(wake, peers_[r].last + timeout_s_ + 0.001);
+    if (defer_until_ > 0) wake = std::min(wake, defer_until_ + 0.001);
+    int ms = static_cast<int>(std::max(1.0, (wake - now()) * 1000.0));
     int n = ::poll(pfds, 2, ms);
-    if (n > 0 && pfds[0].revents) receive(now());
+    if (n > 0 && pfds[1].revents) {
+      uint64_t v;
+      ssize_t r = ::read(wake_fd_, &v, 8);
+      (void)r;
+    }
+    if (n > 0 && pfds[0].revents) {
+      receive(now());
+      receiveErrors();  // POLLERR: an ICMP error is queued
+    }
   }
 }
 

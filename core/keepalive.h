@@ -5,20 +5,36 @@
 // every rank is blocked in a collective: each communicator of more than one
 // rank runs one KeepAlive, a thread with one UDP socket that sends a 40-byte
 // heartbeat to its watched peers every HARP_KEEPALIVE_INTERVAL seconds and
-// reports a watched peer silent for HARP_KEEPALIVE_TIMEOUT seconds to the
-// owner's callback (Communicator: markBroken naming the rank, which tells every
+// reports a watched peer silent for HARP_KEEPALIVE_TIMEOUT seconds (held back
+// by at most one interval while another peer is about to time out too, so a
+// lost host is one report naming all its ranks) to the owner's callback (Communicator: markBroken naming the rank, which tells every
 // other peer through the transports' abort notices).
 //
 // Watched peers: every other rank up to kAllToAllRanks ranks; beyond that the
 // two neighbours on each side of the rank ring (each failure is seen by up to
 // four ranks, and agree() collects what every rank saw).
 //
-// Wire: magic "HKA1" | kind (1 beat, 2 bye) | 3 zero bytes | comm id (8) |
+// Wire: magic "HKA1" | kind (1 beat, 2 bye, 3 dead) | 3 bytes: 0, or for
+// kind 3 the rank whose port refused the sender's beats (24-bit LE) | comm id (8) |
 // rank (4) | sequence (4) | HMAC-SHA256(key, the first 24 bytes) truncated to
 // 16 bytes. The key derives from the communicator's secret token, so nobody
 // outside the job can keep a dead rank alive or declare a live one gone by
 // sending packets; a replayed beat (sequence not newer) is ignored. A bye (sent
 // by stop(), on destroy) retires the sender: it is never reported.
+//
+// A killed process is found faster than that: the socket has IP_RECVERR (or
+// IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes back
+// at once as an ICMP "port unreachable" on the error queue, naming the address
+// we sent to; that peer is reported at once ("its keep-alive port is closed").
+// The rank that sees such an ICMP reply tells its watched peers at once with a
+// signed "dead" packet (the kernel rate-limits ICMP per host, so the others'
+// beats may get no reply for a second); a receiver reports the rank as the
+// sender did. probeNow() sends a beat to every watched peer now (the communicator calls it
+// on a lost-peer error, so the dead rank is named within a round trip, not a
+// timeout). A frozen or cut-off rank sends no ICMP: only the timeout finds it.
+// ICMP is not authenticated: someone who can forge ICMP on the path can make a
+// live rank look dead (a denial of service; never data corruption), as they
+// could by dropping its packets.
 //
 // Cost: nothing on the collective path (no shared state is read there). The
 // thread sleeps in poll(2) between beats; no busy loop.
@@ -60,13 +76,18 @@ class KeepAlive {
   void stop();
   // Ranks found failed so far (sorted).
   std::vector<int> failed() const;
+  // A beat to every watched peer now (any thread): a dead peer's ICMP reply
+  // reports it within a round trip.
+  void probeNow();
   double timeout() const { return timeout_s_; }
 
  private:
   struct Peer;
   void loop();
-  void beat(uint8_t kind);
+  void beat(uint8_t kind, int dead = -1);
+  void told(int from, int dead);
   void receive(double now);
+  void receiveErrors();
   void detect(double now);
   std::vector<int> watched() const;
 
@@ -82,6 +103,9 @@ class KeepAlive {
   OnFailure cb_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> probe_{false};
+  double defer_until_ = 0;  // detect(): a report held back for a peer about to time out too
+  std::mutex stop_mu_;  // stop() and probeNow()
   mutable std::mutex mu_;
   std::vector<int> failed_;
 };

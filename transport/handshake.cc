@@ -73,14 +73,12 @@ Handshake::Handshake(Config cfg) : cfg_(std::move(cfg)) {
 }
 
 Handshake::~Handshake() {
-  for (Conn* c : out_) {
-    if (c->fd >= 0) ::close(c->fd);
-    delete c;
-  }
-  for (Conn* c : pending_) {
-    if (c->fd >= 0) ::close(c->fd);
-    delete c;
-  }
+  for (auto* list : {&out_, &pending_})
+    for (Conn* c : *list) {
+      if (!c) continue;  // finished in the round that threw (run())
+      if (c->fd >= 0) ::close(c->fd);
+      delete c;
+    }
   for (auto& [k, fd] : expected_)
     if (fd >= 0) ::close(fd);
   for (auto& [k, fd] : done_out_)
@@ -364,17 +362,21 @@ void Handshake::run(int listen_fd, Deadline dl) {
     if (rc <= 0) continue;
     size_t at = 1;
     std::vector<Conn*> keep;
-    for (Conn* c : out_) {
+    // A finished Conn is freed and its slot nulled at once: when a later Conn
+    // of the same round throws (a dead or impostor peer), ~Handshake must not
+    // free or close it a second time (issue 18: double free, and a stray close
+    // of whatever reused the fd number, after a peer died during set-up).
+    for (Conn*& c : out_) {
       bool ready = pfds[at++].revents != 0;
       if (!ready || stepOutgoing(*c)) keep.push_back(c);
-      else delete c;
+      else delete c, c = nullptr;
     }
     out_.swap(keep);
     keep.clear();
-    for (Conn* c : pending_) {
+    for (Conn*& c : pending_) {
       bool ready = pfds[at++].revents != 0;
       if (!ready || stepIncoming(*c)) keep.push_back(c);
-      else delete c;
+      else delete c, c = nullptr;
     }
     pending_.swap(keep);
     std::vector<std::pair<int, int>> still;

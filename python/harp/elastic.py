@@ -22,7 +22,7 @@ core (``Communicator.revoke/agree/shrink``)::
     weights = elastic.run(train, comm, state, min_workers=4)
 
 What happens on a failure: a collective raises (a dead, frozen or cut-off rank
-is named within HARP_KEEPALIVE_TIMEOUT, 3 s by default; a revoke from another
+is named within HARP_KEEPALIVE_TIMEOUT, 2 s by default (a killed one at once); a revoke from another
 rank raises RevokedError). ``run`` then revokes the communicator (so every rank
 leaves its collective), agrees on the failed set (``comm.agree``), shrinks to
 the survivors (``comm.shrink``), restores the last committed state, copies rank
