@@ -323,8 +323,10 @@ def test_nccl_api_refuses_unmapped_and_read_only_pointers_by_name(tr):
     res = run_ranks(2, _nccl_bad_pointers, env=_env(tr), timeout=120)
     inv = nccl.NCCL_INVALID_ARGUMENT
     for out in res:
-        assert out["unmapped_send"][0] == inv and "send buffer [0x1000" in out["unmapped_send"][1], out
-        assert out["unmapped_recv"][0] == inv and "receive buffer [0x2000" in out["unmapped_recv"][1], out
+        assert out["unmapped_send"][0] == inv and "bad local send buffer" in out["unmapped_send"][1], out
+        assert "[0x1000" in out["unmapped_send"][1], out
+        assert out["unmapped_recv"][0] == inv and "bad local receive buffer" in out["unmapped_recv"][1], out
+        assert "[0x2000" in out["unmapped_recv"][1], out
         assert out["readonly_recv"][0] == inv and "not writable" in out["readonly_recv"][1], out
         assert out["half_mapped_send"][0] == inv and "not mapped" in out["half_mapped_send"][1], out
         assert out["bcast_unmapped"][0] == inv and "0x3000" in out["bcast_unmapped"][1], out

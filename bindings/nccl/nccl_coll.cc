@@ -165,7 +165,8 @@ ncclResult_t probeHostBuffers(const Op& o) {
     if (cuda::api() && cuda::isDevice(u.ptr)) continue;
     std::string bad = probeRange(u.ptr, u.bytes, u.out);
     if (!bad.empty())
-      return fail(ncclInvalidArgument, std::string(o.name) + ": " + (u.out ? "receive" : "send") + " buffer " + bad);
+      return fail(ncclInvalidArgument, std::string(o.name) + ": bad local " + (u.out ? "receive" : "send") +
+                                           " buffer on rank " + std::to_string(o.c->rank) + ": " + bad);
   }
   return ncclSuccess;
 }
