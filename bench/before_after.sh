@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before/after: harp-bench allreduce on two checkouts (each built with scripts/dev-build.sh),
+# Before/after: harp-bench allreduce (COLL=broadcast etc. for another) on two checkouts (each built with scripts/dev-build.sh),
 # alternating run by run in the same session so both see the same machine load.
 #   bench/before_after.sh BEFORE_ROOT AFTER_ROOT [outdir]     (default outdir bench/out-ab)
 # REPS (default 3), NPS (default "2 4"), TRANSPORTS (default "tcp shm"), SWEEP (harp-bench
@@ -16,7 +16,7 @@ for rep in $(seq 1 "${REPS:-3}"); do
         root=$before; [ "$side" = after ] && root=$after
         f="$out/$side-np$np_-$tp-r$rep.json"
         # shellcheck disable=SC2086
-        (cd "$root" && PYTHONPATH="$root/python" python3 -m harp.bench.cli allreduce -np "$np_" ${SWEEP:--b 8 -e 16M -f 4 -n 20 -w 5} \
+        (cd "$root" && PYTHONPATH="$root/python" python3 -m harp.bench.cli "${COLL:-allreduce}" -np "$np_" ${SWEEP:--b 8 -e 16M -f 4 -n 20 -w 5} \
           --transport "$tp" --no-progress --json "$f" > "$f.txt" 2>&1)
         echo "$side np$np_ $tp rep $rep: load $(cut -d' ' -f1-3 /proc/loadavg) $(date -u +%T)" | tee -a "$out/log"
       done

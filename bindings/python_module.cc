@@ -528,6 +528,12 @@ PYBIND11_MODULE(_harp, m) {
         py::gil_scoped_release nogil;
         return c.grow(new_size, uid ? &*uid : nullptr);
       }, py::arg("new_size"), py::arg("unique_id") = py::none());
+  // --- Issue 12: a root's refused arguments reach every rank (Communicator::refuseRooted) ---
+  m.def("refuse_rooted", [](Communicator& c, int coll, const std::string& why) {
+    if (coll < 0 || coll >= static_cast<int>(kNumCollTypes)) throw InvalidArgument("refuse_rooted: bad collective");
+    py::gil_scoped_release nogil;
+    c.refuseRooted(static_cast<CollType>(coll), why);
+  }, py::arg("comm"), py::arg("coll"), py::arg("why"));
   // --- Observability (issue 19): flight recorder, status, metrics (core/recorder.h) ---
   m.def("obs_status_json", [] { return obs::statusJson(); },
         "every live communicator of this process (counters, op in flight, metrics) as JSON");

@@ -185,9 +185,24 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   }
 }
 
+// Refusals that mean a unique id's store has retired (a live store under load
+// delays a connection; it does not refuse one).
+constexpr double kRetiredStoreS = 3;
+
+// A unique id serves one communicator: its store retires once that
+// communicator formed and every rank let go, so a reused id finds nothing
+// listening (core/base/bootstrap.h, UniqueId::listening).
 std::shared_ptr<Communicator> Communicator::create(const UniqueId& id, int rank, int size, CommOptions opts) {
   double t = resolveTimeout(opts.timeout_s);
-  auto store = std::make_shared<TcpStore>(id.address(), id.secret(), t);
+  std::shared_ptr<TcpStore> store;
+  try {
+    store = std::make_shared<TcpStore>(id.address(), id.secret(), t, id.listening() ? kRetiredStoreS : -1);
+  } catch (const Error& e) {
+    if (!id.listening() || std::strstr(e.what(), "nothing listens") == nullptr) throw;
+    throw InvalidArgument(describeRank(rank) + ": unique id already used, or its creator exited: its store at " +
+                          id.address().str() + " has retired (" + e.what() + "). A unique id serves one "
+                          "communicator; create a new one (harp.get_unique_id(), ncclGetUniqueId) for each");
+  }
   return create(std::make_shared<PrefixStore>(store, "c/"), rank, size, std::move(opts));
 }
 
@@ -659,6 +674,16 @@ bool isSigned(DataType t) { return t == DataType::kInt8 || t == DataType::kInt32
 bool isReduction(CollType c) {
   return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter;
 }
+// The descriptor messages a rooted collective's data makes redundant
+// (core/context.h, CheckShape): only with an exact tag and data on this
+// communicator's own pairs (not a hierarchical algorithm's sub-communicators).
+// Reduce keeps the full exchange: its data reaches the root through a tree.
+Context::CheckShape checkShape(const CollArgs& a, const Descriptor& d, const Algorithm& algo) {
+  if (a.count == 0 || !tagIsExact(d.root, d.count) || algo.hier_cost) return Context::CheckShape::kAll;
+  if (a.coll == CollType::kBroadcast || a.coll == CollType::kScatter) return Context::CheckShape::kFromRoot;
+  if (a.coll == CollType::kGather) return Context::CheckShape::kToRoot;
+  return Context::CheckShape::kAll;
+}
 }  // namespace
 
 // Descriptor agreement. Every message's tag carries the descriptor (exact for
@@ -668,12 +693,14 @@ bool isReduction(CollType c) {
 // then disagree about who talks to whom and may wait for messages nobody
 // sends). Rooted collectives therefore run the exact descriptor check of
 // Context::startCheck alongside the data (posted first, compared while
-// waiting, completed at the end): every rank compares with every rank, so a
+// waiting, completed at the end): every rank hears from every rank, directly
+// or through data that only agreeing ranks forward (checkShape), so a
 // disagreement raises MismatchError on every rank in that call. Cost, 2 ranks,
 // 8-byte broadcast (bench/shm_tools/allreduce_latency.cc with broadcast,
-// chrt -f 10, 2-core VM): shm 0.53 -> 1.05 us, tcp 11.5 -> 26.5 us (the root
-// now waits for its peers' descriptors: one more latency); large messages
-// unchanged. Allreduce pays only the closing check (closingCheck): 8 bytes
+// chrt -f 10, 2-core VM): shm 0.53 -> 1.05 us, tcp 11.5 -> 26.5 us with the
+// full exchange (the root waits for its peers' descriptors); the data-carried
+// shapes: see bench/RESULTS.md, "issue 12: broadcast descriptor check". Large
+// messages unchanged. Allreduce pays only the closing check (closingCheck): 8 bytes
 // shm 0.57 -> 0.63 us, tcp 16.6 -> 17.5 us. Zero counts and
 // descriptors the tag cannot carry run the check before the algorithm (a rank
 // with count 0 would otherwise return before anyone could compare).
@@ -723,7 +750,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
   try {
     Context& ctx = live.emplace(res_, rank_, size_, a, tag, timeout);
     if (check) {
-      ctx.startCheck(d);
+      ctx.startCheck(d, rooted ? checkShape(a, d, *algo) : Context::CheckShape::kAll);
       if (!rooted || a.count == 0) ctx.finishCheck();
     }
     algo->fn(ctx);
@@ -834,6 +861,11 @@ std::string Communicator::brokenReason() {
 
 void Communicator::abort(const std::string& reason) {
   markBroken("aborted by rank " + std::to_string(rank_) + ": " + reason);
+}
+
+void Communicator::refuseRooted(CollType c, const std::string& why) {
+  if (size_ > 1 && isRooted(c))
+    markBroken("rank " + std::to_string(rank_) + ", the root, refused its own " + collName(c) + " arguments: " + why);
 }
 
 void Communicator::destroy() {

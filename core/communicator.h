@@ -181,7 +181,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Communicator> split(int color, int key);
 
   // Break the communicator on every rank (best effort) and fail pending work.
+  // The collective in flight when abort() comes may still complete on peers
+  // whose data had all arrived (as with MPI ULFM's revoke and NCCL's
+  // ncclCommAbort); it fails here, and every later collective on every rank
+  // fails (each needs this rank's data or descriptor).
   void abort(const std::string& reason);
+  // This rank, the root of rooted collective `c`, refused its own arguments
+  // (a root-only buffer of the wrong size, issue 12) before running it: the
+  // other ranks wait in it for the root, so break the communicator on every
+  // rank now, quoting `why` (they raise PeerError naming this rank and the
+  // reason, not a timeout). Not rooted, or one rank: nothing to do.
+  void refuseRooted(CollType c, const std::string& why);
   // Wait for queued work, tell peers goodbye, release everything. Idempotent.
   void destroy();
   bool broken() const { return broken_.load(); }

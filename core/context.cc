@@ -158,13 +158,15 @@ void Context::waitAll(const std::vector<Request*>& rs) {
                                        " (a rank is stuck, dead, or did not call this collective)");
     }
     // Stall warning (issue 19): once per wait, only here on the blocking path.
+    // Elapsed from the deadline (remainingMs caps at ~25 days: HARP_TIMEOUT=inf
+    // would read as a stall at once).
     if (res_.recorder && !warned &&
-        timeout_s_ - dl.remainingMs() / 1000.0 >= std::min(res_.stall_warning_s, timeout_s_ / 2)) {
+        std::min(timeout_s_, kForeverS) - dl.remainingS() >= std::min(res_.stall_warning_s, timeout_s_ / 2)) {
       warned = true;
       std::string peers;
       for (Request* r : rs)
         if (!r->done()) peers += (peers.empty() ? "" : ", ") + std::to_string(r->peer);
-      obs::stallCheck(res_.recorder, timeout_s_ - dl.remainingMs() / 1000.0, peers);
+      obs::stallCheck(res_.recorder, std::min(timeout_s_, kForeverS) - dl.remainingS(), peers);
     }
     // Block on the transport(s) that hold the pending requests.
     transport::Transport* only = nullptr;
@@ -201,18 +203,25 @@ void* Context::scratch(size_t bytes) {
 
 size_t Context::segmentBytes() const { return res_.segment_bytes; }
 
-void Context::startCheck(const Descriptor& mine) {
+// Each rank uses its own idea of the root: ranks that disagree about it then
+// disagree about which messages exist, and a tag mismatch (or a descriptor
+// that says so) fails them.
+void Context::startCheck(const Descriptor& mine, CheckShape shape) {
   check_mine_ = &mine;
   auto& theirs = res_.check_buf;
   theirs.resize(size_);
   const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0xf) << 60) | kCheckColl << 52;
+  const int root = static_cast<int>(mine.root);
+  const bool from = shape == CheckShape::kFromRoot, to = shape == CheckShape::kToRoot;
   check_recvs_.clear();
   check_done_ = 0;
-  for (int q = 0; q < size_; ++q)
-    if (q != rank_) check_recvs_.push_back(irecv(q, &theirs[q], sizeof(Descriptor), tag));
+  if (!(to && rank_ == root))
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !(from && q == root)) check_recvs_.push_back(irecv(q, &theirs[q], sizeof(Descriptor), tag));
   check_sends_.clear();
-  for (int q = 0; q < size_; ++q)
-    if (q != rank_) check_sends_.push_back(isend(q, &mine, sizeof(Descriptor), tag));
+  if (!(from && rank_ == root))
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !(to && q == root)) check_sends_.push_back(isend(q, &mine, sizeof(Descriptor), tag));
 }
 
 // Compare the peers' descriptors that have arrived, in order.

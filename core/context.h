@@ -15,12 +15,19 @@
 // 4096 and count < 2^32, and a rank that only sends (the root of a broadcast or
 // scatter, a leaf of gather/reduce) compares nothing. For rooted collectives,
 // zero counts and descriptors the tag cannot carry, runCollective() adds an
-// exact check: startCheck() sends this rank's full Descriptor to every peer
+// exact check: startCheck() sends this rank's full Descriptor to its peers
 // before any data (so the per-pair FIFO order is the same on every rank) and
 // finishCheck() compares what arrived; waitAll() compares arrivals as they
 // come, so a rank blocked on data that a disagreeing root never sends still
-// raises MismatchError. Cost: p-1 messages of 24 bytes per rank (see
-// runCollective's comment for the measured figure).
+// raises MismatchError. CheckShape drops the messages the data already
+// carries (exact tag, flat algorithm on this communicator's pairs):
+//   kFromRoot (broadcast, scatter): the root sends no descriptor; a rank's
+//     data, forwarded only by ranks whose tags matched, vouches for the root.
+//   kToRoot (gather, whose leaves send straight to the root): nobody sends
+//     the root a descriptor; each leaf's data, compared there, vouches for it.
+// Every rank still hears (directly or through such data) from every rank in
+// the same call, so a disagreement raises MismatchError on every rank.
+// Cost with 2 ranks: one 24-byte message per call (see runCollective).
 //
 // Lifetime: built by the communicator for one collective, on its executing
 // thread, from the CommResources it owns (the connections and reused buffers,
@@ -81,7 +88,8 @@ class Context {
   SubComms& subComms();
 
   // Exact descriptor check (see the top of this file).
-  void startCheck(const Descriptor& mine);
+  enum class CheckShape : uint8_t { kAll, kFromRoot, kToRoot };
+  void startCheck(const Descriptor& mine, CheckShape shape = CheckShape::kAll);
   void finishCheck();
 
  private:

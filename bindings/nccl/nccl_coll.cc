@@ -24,6 +24,7 @@
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
 #include "core/base/log.h"
+#include "core/base/probe.h"
 
 using namespace harp;
 using namespace harp::nccl;
@@ -152,6 +153,22 @@ void usesOf(const Op& o, std::vector<Use>& u) {
     case CollType::kRecv: add(o.recv, n, false, true); break;
     default: break;
   }
+}
+
+// Issue 12 item 12: host buffers the kernel says are unmapped (or read-only
+// where the call writes) are refused here, naming the buffer; the shm
+// transport and the reduce kernels would fault on them (core/base/probe.h).
+ncclResult_t probeHostBuffers(const Op& o) {
+  std::vector<Use> uses;
+  usesOf(o, uses);
+  for (const Use& u : uses) {
+    if (cuda::api() && cuda::isDevice(u.ptr)) continue;
+    std::string bad = probeRange(u.ptr, u.bytes, u.out);
+    if (!bad.empty())
+      return fail(ncclInvalidArgument, std::string(o.name) + ": bad local " + (u.out ? "receive" : "send") +
+                                           " buffer on rank " + std::to_string(o.c->rank) + ": " + bad);
+  }
+  return ncclSuccess;
 }
 
 // Maps user device addresses to their pinned stand-ins.
@@ -377,7 +394,9 @@ ncclResult_t runOps(const std::vector<Op>& ops) {
 }
 
 ncclResult_t submitOp(const Op& o) {
-  if (ncclResult_t r = check(o); r != ncclSuccess) {
+  ncclResult_t r = check(o);
+  if (r == ncclSuccess) r = probeHostBuffers(o);
+  if (r != ncclSuccess) {
     if (t_group.depth > 0 && t_group.error == ncclSuccess) {
       t_group.error = r;
       t_group.error_text = lastError();

@@ -10,7 +10,11 @@
 // password. It serves one communicator (core/base/rendezvous.h).
 //
 // Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
-// 32 B secret | reserved zeros.
+// 32 B secret | u8 listening | reserved zeros. `listening` = 1: the id comes
+// from createUniqueId, whose store listened before the id existed, so a store
+// that refuses connections has retired (its communicator formed and every rank
+// let go) or its process exited: Communicator::create says so within seconds
+// instead of retrying until the timeout.
 #pragma once
 
 #include <array>
@@ -31,6 +35,8 @@ struct UniqueId {
   static UniqueId fromHex(const std::string& hex);
   static UniqueId fromBytes(const void* p, size_t n);
   static UniqueId make(const SockAddr& addr, const std::string& secret);
+  static constexpr size_t kListeningByte = 60;
+  bool listening() const { return bytes[kListeningByte] == 1; }
 };
 
 // Create a unique id whose store server runs in this process (NCCL's

@@ -34,6 +34,15 @@ std::string formatSeconds(double seconds) {
   return buf;
 }
 
+double Deadline::remainingS() const {
+  return std::max(0.0, std::chrono::duration<double>(at - Clock::now()).count());
+}
+
+uint64_t timeoutNs(double seconds) {
+  if (!(seconds > 0)) return 0;
+  return static_cast<uint64_t>(std::min(seconds, kForeverS) * 1e9);
+}
+
 int Deadline::remainingMs() const {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now()).count();
   if (ms < 0) return 0;
@@ -181,9 +190,11 @@ int listenOn(SockAddr& addr, int backlog) {
   return fd;
 }
 
-int connectTo(const SockAddr& addr, Deadline dl, const std::string& what) {
+int connectTo(const SockAddr& addr, Deadline dl, const std::string& what, double refused_s) {
   int last = 0;
   int delay_ms = 1;
+  Deadline refused_until;  // set at the first refusal of a run of them
+  bool refusing = false;
   for (;;) {
     int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) throw ErrnoError("socket", errno);
@@ -208,6 +219,15 @@ int connectTo(const SockAddr& addr, Deadline dl, const std::string& what) {
     }
     last = errno;
     ::close(fd);
+    if (refused_s >= 0 && last == ECONNREFUSED) {
+      if (!refusing) refused_until = Deadline::after(refused_s);
+      refusing = true;
+      if (refused_until.passed())
+        throw Error(Error::kPeerFailure, "could not connect to " + what + " at " + addr.str() + ": every attempt for " +
+                                             formatSeconds(refused_s) + " s was refused (nothing listens there)");
+    } else {
+      refusing = false;
+    }
     if (dl.passed()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delay_ms, std::max(1, dl.remainingMs()))));
     delay_ms = std::min(delay_ms * 2, 200);

@@ -26,11 +26,15 @@ struct Deadline {
   // seconds <= 0 or NaN: already passed; >= kForeverS (or inf): kForeverS from now.
   static Deadline after(double seconds);
   int remainingMs() const;  // >= 0, capped at INT_MAX
+  double remainingS() const;  // >= 0, uncapped (elapsed = the seconds given to after() minus this)
   bool passed() const { return Clock::now() >= at; }
 };
 
 // A duration for messages: "2.5", "300", or "inf" (>= kForeverS); never negative.
 std::string formatSeconds(double seconds);
+// Seconds as nanoseconds for clocks kept in uint64_t: 0 for <= 0 or NaN,
+// saturated at kForeverS (so now + timeoutNs(t) never wraps).
+uint64_t timeoutNs(double seconds);
 
 struct SockAddr {
   sockaddr_storage ss{};
@@ -59,8 +63,10 @@ bool matchIfName(const std::string& spec, const std::string& name);
 // Listening socket on `addr` (port 0 = any free); on return addr holds the port.
 int listenOn(SockAddr& addr, int backlog = 128);
 // Connect, retrying refused/unreachable until the deadline. Throws a harp::Error
-// naming `what` and the address on failure.
-int connectTo(const SockAddr& addr, Deadline dl, const std::string& what);
+// naming `what` and the address on failure. refused_s >= 0: also give up
+// (kPeerFailure, text "nothing listens there") once every attempt for that
+// many seconds was refused — for a server known to have listened already.
+int connectTo(const SockAddr& addr, Deadline dl, const std::string& what, double refused_s = -1);
 // Accept one connection before the deadline (throws kTimeout). `peer` filled.
 int acceptOne(int listen_fd, Deadline dl, SockAddr* peer, const std::string& what);
 

@@ -492,12 +492,12 @@ void TcpStoreServer::loop() {
 // ---------------------------------------------------------------------------
 // Client
 
-TcpStore::TcpStore(const SockAddr& server, std::string secret, double timeout_s) : server_(server) {
+TcpStore::TcpStore(const SockAddr& server, std::string secret, double timeout_s, double refused_s) : server_(server) {
   secret.resize(kSecretBytes, '\0');
   std::string key = crypto::deriveKey(secret, "store");
   Deadline dl = Deadline::after(timeout_s);
   std::string what = "the HARP bootstrap root at " + server.str();
-  fd_ = connectTo(server, dl, "the HARP bootstrap root");
+  fd_ = connectTo(server, dl, "the HARP bootstrap root", refused_s);
   setNoDelay(fd_);
   local_ = localAddrOf(fd_);
   std::string na = crypto::nonce();

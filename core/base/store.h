@@ -143,7 +143,9 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   // Connects (retrying until timeout_s) and runs the challenge-response with `secret`.
-  TcpStore(const SockAddr& server, std::string secret, double timeout_s);
+  // refused_s >= 0: a server that listened already; stop retrying once it has
+  // refused for that long (connectTo).
+  TcpStore(const SockAddr& server, std::string secret, double timeout_s, double refused_s = -1);
   ~TcpStore() override;
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, double timeout_s) override;

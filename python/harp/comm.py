@@ -32,6 +32,7 @@ issue collectives in the same order, so order your threads' calls yourself.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 from typing import Optional, Sequence
 
@@ -213,6 +214,18 @@ class Communicator:
     def _check_root(self, root, what):
         return check_int(root, f"{what}: root", 0, self.size - 1)
 
+    @contextlib.contextmanager
+    def _root_only(self, coll):
+        """Arguments only the root passes (issue 12): the other ranks are in, or will enter, the
+        collective waiting for the root, so refusing them breaks the communicator on every rank at
+        once with the reason (they raise PeerError quoting it) instead of leaving them to time out."""
+        try:
+            yield
+        except (InvalidArgumentError, ValueError, TypeError) as e:
+            why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            _harp.refuse_rooted(self._c, int(coll), why)
+            raise
+
     def _out(self, recvbuf, like: np.ndarray, dtype, count: int, what: str, shape=None):
         """A writable output holding exactly `count` elements of the call's datatype: recvbuf
         checked (count x itemsize == its size), or a new array when recvbuf is None."""
@@ -274,7 +287,8 @@ class Communicator:
         dt, n = typed_count(send, dtype, "reduce: sendbuf")
         out = None
         if is_root:
-            out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "reduce")
+            with self._root_only(Coll.reduce):
+                out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "reduce")
         result = (recvbuf if recvbuf is not None else sendbuf) if is_root else None
         return self._run(Coll.reduce, address(send), address(out) if out is not None else 0, n, dt,
                          op=code, root=root, algo=algo, timeout=timeout, async_op=async_op, result=result,
@@ -371,7 +385,8 @@ class Communicator:
         dt, n = typed_count(send, dtype, "gather: sendbuf")
         out = None
         if self.rank == root:
-            out = self._out(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
+            with self._root_only(Coll.gather):
+                out = self._out(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
             if recvbuf is None and dtype is not None:
                 out = out.reshape(self.size, n)
         result = (out if recvbuf is None else recvbuf) if out is not None else None
@@ -386,13 +401,15 @@ class Communicator:
         dt, n = typed_count(out, dtype, "scatter: recvbuf")
         send = None
         if self.rank == root:
-            send = as_array(sendbuf, "scatter: sendbuf")
-            if dtype is None and send.dtype != out.dtype:
-                raise InvalidArgumentError(f"scatter: sendbuf dtype {send.dtype} differs from recvbuf dtype {out.dtype}")
-            _, total = typed_count(send, dtype, "scatter: sendbuf")
-            if total != n * self.size:
-                raise InvalidArgumentError(
-                    f"scatter: sendbuf has {total} elements, expected {n * self.size} ({self.size} ranks x {n})")
+            with self._root_only(Coll.scatter):
+                send = as_array(sendbuf, "scatter: sendbuf")
+                if dtype is None and send.dtype != out.dtype:
+                    raise InvalidArgumentError(
+                        f"scatter: sendbuf dtype {send.dtype} differs from recvbuf dtype {out.dtype}")
+                _, total = typed_count(send, dtype, "scatter: sendbuf")
+                if total != n * self.size:
+                    raise InvalidArgumentError(
+                        f"scatter: sendbuf has {total} elements, expected {n * self.size} ({self.size} ranks x {n})")
         return self._run(Coll.scatter, address(send) if send is not None else 0, address(out), n, dt,
                          root=root, algo=algo, timeout=timeout, async_op=async_op, result=recvbuf,
                          keep=(sendbuf, recvbuf, send, out))
@@ -433,7 +450,9 @@ class Communicator:
         return None if impl is None else Communicator(0, 0, _impl=impl)
 
     def abort(self, reason: str = "abort requested"):
-        """Break the communicator on every rank: their pending and later calls raise PeerError."""
+        """Break the communicator on every rank: their pending and later calls raise PeerError.
+        The collective in flight here may still complete on peers whose data had all arrived
+        (MPI ULFM / NCCL semantics); it fails on this rank, and no later one completes anywhere."""
         self._c.abort(reason)
 
     def destroy(self):

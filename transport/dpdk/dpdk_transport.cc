@@ -101,7 +101,7 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   ProtocolConfig pc;
   pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW"));
   pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS") * 1e6);
-  pc.peer_timeout_ns = static_cast<uint64_t>(std::max(info.timeout_s, 1.0) * 1e9);
+  pc.peer_timeout_ns = timeoutNs(std::max(info.timeout_s, 1.0));  // saturates (HARP_TIMEOUT=inf)
   pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES");
   pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES");
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
@@ -135,7 +135,7 @@ DpdkTransport::~DpdkTransport() {
     // acknowledged it (Protocol::EagerSend): keep retransmitting until everything is acked (or
     // a bounded wait passes), so a lost frame is not lost for good when this
     // rank closes right after its last collective.
-    const uint64_t until = Protocol::nowNs() + static_cast<uint64_t>(std::min(info_.timeout_s, 10.0) * 1e9);
+    const uint64_t until = Protocol::nowNs() + timeoutNs(std::min(info_.timeout_s, 10.0));
     while (proto_->hasPending() && Protocol::nowNs() < until) {
       if (!progressLocked()) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -226,7 +226,7 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
   // Links up (memif: both ends attached), then a HELLO handshake with each peer.
   for (int p : peers) peers_[p].my_nonce = crypto::nonce();
   uint64_t t0 = Protocol::nowNs();
-  uint64_t deadline = t0 + static_cast<uint64_t>(info_.timeout_s * 1e9);
+  uint64_t deadline = t0 + timeoutNs(info_.timeout_s);
   uint64_t last_hello = 0, last_restart = t0;
   for (;;) {
     uint64_t now = Protocol::nowNs();
@@ -480,8 +480,8 @@ void DpdkTransport::checkLiveness() {
     }
     uint64_t quiet = now - proto_->lastHeardNs(p);
     if (quiet > 1'000'000'000ull) proto_->sendPing(p);
-    if (quiet > static_cast<uint64_t>(info_.timeout_s * 1e9))
-      proto_->failPeer(p, "rank " + std::to_string(p) + " silent for " + std::to_string((int)(quiet / 1e9)) +
+    if (quiet > timeoutNs(info_.timeout_s))
+      proto_->failPeer(p, "rank " + std::to_string(p) + " silent for " + formatSeconds(quiet / 1e9) +
                               " s on the dpdk transport (peer failed or unreachable)");
   }
 }

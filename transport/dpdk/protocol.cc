@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/base/log.h"
+#include "core/base/socket.h"
 
 namespace harp::dpdk {
 
@@ -437,10 +438,8 @@ bool Protocol::tick() {
         retransmitDue(p, peer, now, rto, kRecoveryBurst);
       }
       if (now - p.last_progress_ns > cfg_.peer_timeout_ns) {
-        char why[200];
-        snprintf(why, sizeof why, "rank %d stopped acknowledging data over the dpdk transport for %.0f s",
-                 peer, cfg_.peer_timeout_ns / 1e9);
-        failPeer(peer, why);
+        failPeer(peer, "rank " + std::to_string(peer) + " stopped acknowledging data over the dpdk transport for " +
+                           formatSeconds(cfg_.peer_timeout_ns / 1e9) + " s");
         continue;
       }
     }
