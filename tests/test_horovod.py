@@ -4,7 +4,9 @@ Ranks are real processes (tests/harness.py) on tcp and shm, 3 ranks (not a power
 of two). Every collective result is compared with what numpy/torch compute
 locally from every rank's (seeded) input; the training test compares a
 Horovod-style script (examples/horovod/train_convnet.py, unmodified but for its
-import) with the same training under torch DDP.
+import) with the same training under torch DDP. hvd.join runs with uneven batch
+counts per rank (5/3/4 on tcp, 3/5/5 on shm) against a local reference of
+Horovod's join semantics (joined ranks contribute zeros, Average divides by size).
 """
 import os
 import re
@@ -55,8 +57,8 @@ def _ops_body(rank, size):
     out["grouped"] = [t.double().numpy() for t in grouped]
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(x, op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="join"):
-        hvd.join()
+    out["join"] = hvd.join()  # without init(join=True): every rank joins at the same point, one round
+    out["after_join"] = hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()
     hvd.shutdown()
     return out
 
@@ -84,6 +86,8 @@ def test_allreduce_every_op_and_dtype_matches_a_local_reference():
           for dt, shp in (("float32", (5,)), ("int64", (4,)), ("float32", (2, 2)))]
     for got, want in zip(res[2]["grouped"], gx):
         assert np.allclose(got, want, rtol=1e-6), (got, want)
+    for r in range(N):  # all joined in the same round: the highest rank is the last joiner
+        assert res[r]["join"] == N - 1 and res[r]["after_join"] == [N, N], res[r]
 
 
 def _movement_body(rank, size):
@@ -276,3 +280,138 @@ def test_elastic_script_survives_a_lost_worker_and_finishes_every_step():
     assert {(f[1], f[2], f[3]) for f in finals} == {("2", "6", "1")}, finals
     assert len({f[5] for f in finals}) == 1, finals  # the survivors hold the same parameters
     assert "lost rank(s) [2]" in r.stdout, r.stdout
+
+
+# -- hvd.join: uneven batch counts per rank ------------------------------------------------------
+def _join_body(rank, size, counts):
+    import harp.horovod.torch as hvd
+    hvd.init(join=True)
+    torch.manual_seed(0)  # the same start on every rank
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    out = {"loss": [], "grouped": [], "avg": []}
+    for step in range(counts[rank]):
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        out["loss"].append(hvd.allreduce(loss.detach(), op=hvd.Sum).item())
+        h = hvd.allreduce_async(torch.ones(4), op=hvd.Average)
+        ints, floats = hvd.grouped_allreduce([torch.ones(2, dtype=torch.int64),
+                                              torch.full((3,), rank + 1.0, dtype=torch.float64)], op=hvd.Sum)
+        out["grouped"].append((ints.tolist(), floats.tolist()))
+        out["avg"].append(hvd.synchronize(h).tolist())
+    out["last"] = hvd.join()
+    out["params"] = [p.detach().clone().numpy() for p in model.parameters()]
+    out["after"] = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum).item()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=out["last"])
+    out["synced"] = [p.detach().numpy() for p in model.parameters()]
+    hvd.shutdown()
+    return out
+
+
+def _join_reference(counts, size):
+    """Horovod's join semantics, alone: at step s the ranks with a batch left contribute their gradients,
+    the joined ones zeros, and Average divides by size. Parameters after each step and the step losses."""
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params, losses = [], []
+    for step in range(max(counts)):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        total = 0.0
+        for r in range(size):
+            if counts[r] <= step:
+                continue
+            model.zero_grad()
+            x, y = _batch(r, step)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            total += loss.item()
+            for g, p in zip(grads, model.parameters()):
+                g += p.grad / size
+        for g, p in zip(grads, model.parameters()):
+            p.grad = g
+        opt.step()
+        losses.append(total)
+        params.append([p.detach().clone().numpy() for p in model.parameters()])
+    return params, losses
+
+
+@pytest.mark.parametrize("transport,counts", [("tcp", [5, 3, 4]), ("shm", [3, 5, 5])],
+                         ids=["tcp-5-3-4", "shm-3-5-5"])
+def test_join_uneven_batches_equal_horovods_zero_contributions(transport, counts):
+    """Ranks with fewer batches call hvd.join(); the others keep training with DistributedOptimizer,
+    allreduce, allreduce_async and grouped_allreduce, the joined ranks standing in with zeros."""
+    res = harness.run_ranks(N, _join_body, counts, env={"HARP_TRANSPORT": transport}, timeout=300)
+    ref_params, ref_losses = _join_reference(counts, N)
+    last = max(r for r in range(N) if counts[r] == max(counts))  # of the final round's joiners, the highest
+    for r in range(N):
+        o = res[r]
+        assert o["last"] == last, (r, o["last"])
+        for s in range(counts[r]):
+            active = [q for q in range(N) if counts[q] > s]
+            assert o["grouped"][s] == ([len(active)] * 2, [float(sum(q + 1 for q in active))] * 3), (r, s)
+            assert np.allclose(o["avg"][s], [len(active) / N] * 4, rtol=1e-6), (r, s, o["avg"][s])  # over size
+            assert abs(o["loss"][s] - ref_losses[s]) <= 1e-5 * max(1.0, ref_losses[s]), (r, s)
+        # a joined rank's model stopped at its own last step
+        for got, want in zip(o["params"], ref_params[counts[r] - 1]):
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (r, np.abs(got - want).max())
+        assert o["after"] == sum(range(N)), o["after"]  # a normal allreduce after everyone joined
+        for got, want in zip(o["synced"], res[last]["params"]):
+            assert np.array_equal(got, want), r
+    assert not np.allclose(ref_params[-1][0], ref_params[min(counts) - 1][0]), "the extra steps moved nothing"
+
+
+def _join_refuses_body(rank, size):
+    import harp
+    import harp.horovod.torch as hvd
+    hvd.init(join=True)
+    out = {}
+    if rank == 1:
+        out["last"] = hvd.join()
+    else:
+        try:
+            hvd.broadcast(torch.ones(2), root_rank=0)
+            out["bcast"] = None
+        except harp.InvalidArgumentError as e:
+            out["bcast"] = str(e)
+        x = torch.full((3,), rank + 1.0)
+        out["sum"] = hvd.allreduce(x, op=hvd.Sum).tolist()
+        out["max"] = hvd.allreduce(-x, op=hvd.Max).tolist()  # the joined rank's zeros count, as in Horovod
+        out["last"] = hvd.join()
+    out["after"] = hvd.allgather(torch.full((1,), rank)).tolist()  # allowed again once all have joined
+    hvd.shutdown()
+    return out
+
+
+def test_join_refuses_other_collectives_while_a_rank_is_joined():
+    res = harness.run_ranks(N, _join_refuses_body, env={"HARP_TRANSPORT": "tcp"}, timeout=120)
+    for r in range(N):
+        assert res[r]["last"] == 2 and res[r]["after"] == [0, 1, 2], res[r]  # ranks 0 and 2 joined together
+    for r in (0, 2):
+        assert res[r]["bcast"] and "rank 1" in res[r]["bcast"] and "join" in res[r]["bcast"], res[r]["bcast"]
+        assert res[r]["sum"] == [4.0] * 3 and res[r]["max"] == [0.0] * 3, res[r]
+
+
+def _join_without_mode_body(rank, size):
+    import harp
+    import harp.horovod.torch as hvd
+    hvd.init()
+    try:
+        if rank == 0:
+            hvd.join()
+        else:
+            hvd.allreduce(torch.ones(3), op=hvd.Sum)
+        return None
+    except harp.HarpError as e:
+        return str(e)
+
+
+def test_join_without_join_mode_while_others_train_errors_everywhere_not_hangs():
+    res = harness.run_ranks(N, _join_without_mode_body, env={"HARP_TRANSPORT": "tcp", "HARP_TIMEOUT": "60"},
+                            timeout=120)
+    assert all(res[r] and "mismatch" in res[r].lower() for r in range(N)), res
+    assert "hvd.init(join=True)" in res[0], res[0]

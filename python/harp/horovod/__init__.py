@@ -23,16 +23,17 @@ allgather_object, broadcast_parameters, broadcast_optimizer_state;
 DistributedOptimizer (gradient hooks start asynchronous allreduces as gradients
 become ready; backward_passes_per_step, op, gradient_predivide_factor,
 compression, synchronize / skip_synchronize); Compression.none / fp16; ops
-Average, Sum, Min, Max, Product.
+Average, Sum, Min, Max, Product; join() for ranks with fewer batches (start
+every rank with hvd.init(join=True): each collective then carries a small
+control allreduce; harp/horovod/torch/_join.py has the semantics and cost).
 
 Elastic training (hvd.elastic): run, State, ObjectState, TorchState (commit,
 restore, sync, reset callbacks), HostsUpdatedInterrupt; a lost worker is
 survived by shrinking to the others (harp/horovod/torch/elastic.py says what
 differs from Horovod: workers are lost, not added, during run()).
 
-What is not (each raises NotImplementedError naming it): Adasum, process sets
-other than the global one, and join() (needs every collective to carry a
-negotiation, which HARP's ordered collectives do not). Tensors must be on the
+What is not (each raises NotImplementedError naming it): Adasum and process
+sets other than the global one. Tensors must be on the
 CPU (HARP's torch backend serves CUDA tensors; this front does not yet).
 
 Threading: like Horovod, one communicator per process, shared by every call;

@@ -28,6 +28,7 @@ import harp
 from harp._buffers import torch_cpu_view
 from harp.errors import HarpError, InvalidArgumentError
 
+from . import _join
 from ._compression import Compression  # noqa: F401  (hvd.Compression)
 
 # Horovod's ReduceOp values (horovod/common/basics: AVERAGE=0, SUM=1, ADASUM=2, MIN=3, MAX=4, PRODUCT=5).
@@ -47,8 +48,10 @@ class HostsUpdatedInterrupt(RuntimeError):
     """Horovod elastic's signal that hosts changed (elastic training is not provided: see harp.horovod)."""
 
 
-def init(comm=None, process_sets=None):
-    """Join the job: harp.init() from the launcher's environment, or adopt a harp.Communicator."""
+def init(comm=None, process_sets=None, join=False):
+    """Join the job: harp.init() from the launcher's environment, or adopt a harp.Communicator.
+    join=True (the same on every rank) lets hvd.join() stand in for ranks that ran out of data, at the cost
+    of one small control allreduce per collective (see _join.py)."""
     if process_sets:
         raise NotImplementedError("harp.horovod: process sets other than the global one are not provided")
     if _state["comm"] is not None:
@@ -64,11 +67,13 @@ def init(comm=None, process_sets=None):
     _state.update(comm=c, owned=comm is None, local_rank=local.index(c.rank), local_size=len(local),
                   cross_rank=order.index(host))
     _state["cross_size"] = sum(1 for h in order if sum(1 for x in hosts if x == h) > _state["local_rank"])
+    _join.enable(join)
 
 
 def shutdown():
     c, _state["comm"] = _state["comm"], None
     _handles.clear()
+    _join.enable(False)
     if c is not None and _state["owned"]:
         c.destroy()
 
@@ -210,7 +215,7 @@ def _allreduce_start(t, out, op, prescale, postscale):
     if prescale != 1.0:
         buf.mul_(prescale)
     arr, dt = _reducible(buf.detach())
-    work = _comm().allreduce(arr, op=_OP_NAME[op], dtype=dt, async_op=True)
+    work = _join.allreduce(_comm(), arr, _OP_NAME[op], dt, buf, op)
 
     def finish():
         if postscale != 1.0:
@@ -311,6 +316,7 @@ def _shape_meta(t, what):
 def allgather_async(tensor, name=None, process_set=None):
     _cpu(tensor, "allgather")
     c = _comm()
+    _join.guard(c, "allgather")
     shape, meta = _shape_meta(tensor, "allgather")
     metas = c.allgather(meta)
     bad = [r for r in range(c.size) if not np.array_equal(metas[r, 1:], meta[1:])]
@@ -338,6 +344,7 @@ def allgather(tensor, name=None, process_set=None):
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     _cpu(tensor, "broadcast_")
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _join.guard(_comm(), "broadcast")
     work = _comm().broadcast(_raw(buf.detach()), root=root_rank, async_op=True)
 
     def finish():
@@ -366,6 +373,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     every rank sent here. Returns (output, received_splits), as Horovod >= 0.21 does."""
     _cpu(tensor, "alltoall")
     c = _comm()
+    _join.guard(c, "alltoall")
     t = tensor.contiguous() if tensor.dim() else tensor.reshape(1)
     rows = t.shape[0]
     if splits is None:
@@ -383,19 +391,22 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 def barrier(process_set=None):
+    _join.guard(_comm(), "barrier")
     _comm().barrier()
 
 
 def join(device=-1):
-    raise NotImplementedError("harp.horovod: join() is not provided (HARP pairs collectives by order, so a joined "
-                              "rank cannot stand in for the others' allreduces); give every rank the same number "
-                              "of batches")
+    """This rank has finished its data: until every rank has joined, contribute zeros to the allreduces the
+    others start (needs hvd.init(join=True) unless all ranks join at the same point). Blocks until all have
+    joined; returns the rank that joined last (the same on every rank). See _join.py."""
+    return _join.join(_comm())
 
 
 # -- objects, parameters, optimizer state ---------------------------------------------------------
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's object on every rank (pickled: only for objects from ranks of this job)."""
     c = _comm()
+    _join.guard(c, "broadcast_object")
     data = pickle.dumps(obj) if c.rank == root_rank else b""
     n = np.array([len(data)], np.int64)
     c.broadcast(n, root=root_rank)
@@ -407,6 +418,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's object, in rank order."""
     c = _comm()
+    _join.guard(c, "allgather_object")
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
     sizes = c.allgather(np.array([data.size], np.int64)).reshape(-1)
     top = int(sizes.max())
