@@ -207,6 +207,7 @@ def worker_ddp(a):
         del ddp
         gc.collect()  # the old reducer's autograd hooks go with it
         _, failed = elastic.shrink_torch_group(min_workers=2, err=harp.HarpError(err))
+        t_shrunk = time.monotonic()
         model.load_state_dict(saved[0])
         opt.load_state_dict(saved[1])
         ddp = _ddp(model)  # broadcasts the parameters from the lowest survivor
@@ -214,7 +215,8 @@ def worker_ddp(a):
         for s in [s for s in plan if s <= reached]:  # a kill happens once, not again when its step is redone
             del plan[s]
         resets.append({"failed": failed, "old_size": old, "new_size": dist.get_world_size(),
-                       "seconds": time.monotonic() - t0, "resumed_at_step": step, "reached": reached,
+                       "seconds": time.monotonic() - t0, "shrink_s": t_shrunk - t0, "resumed_at_step": step,
+                       "reached": reached,
                        "error": err[:300]})
     wall = time.monotonic() - t_start
     if dist.get_rank() == 0:
@@ -279,6 +281,7 @@ def main():
             "loss_ratio": k["final_loss"] / u["final_loss"], "wall_undisturbed_s": u["wall_s"],
             "wall_killed_s": k["wall_s"], "final_size": k["final_size"], "resets": len(k["resets"]),
             "recovery_s": [r["seconds"] for r in k["resets"]],
+            "shrink_s": [r["shrink_s"] for r in k["resets"] if "shrink_s" in r],
             "time_lost_per_failure_s": (k["wall_s"] - u["wall_s"]) / max(1, len(k["resets"])),
             "step_s_median_undisturbed": u["step_s_median"], "mode": "ddp" if a.ddp else "numpy",
             # completed steps rolled back per failure (the step in flight is redone as well)
