@@ -609,7 +609,8 @@ def _ddp_elastic(rank, size, url, victim):
         gc.collect()
         _, failed = elastic.shrink_torch_group(min_workers=2, err=harp.HarpError(err))
         model.load_state_dict(saved[0])
-        opt.load_state_dict(saved[1])
+        opt.load_state_dict(copy.deepcopy(saved[1]))  # load_state_dict adopts the tensors: SGD would
+        # then update the commit's momentum in place, and a second restore of the same commit would be wrong
         ddp = DDP(model, broadcast_buffers=False)  # parameters from the lowest survivor
         resets.append((failed, dist.get_world_size(), dist.get_rank(), saved[2], step))
         step = saved[2]

@@ -209,7 +209,8 @@ def worker_ddp(a):
         _, failed = elastic.shrink_torch_group(min_workers=2, err=harp.HarpError(err))
         t_shrunk = time.monotonic()
         model.load_state_dict(saved[0])
-        opt.load_state_dict(saved[1])
+        opt.load_state_dict(copy.deepcopy(saved[1]))  # load_state_dict adopts the tensors: SGD would
+        # then update the commit's momentum in place, and a second restore of the same commit would be wrong
         ddp = _ddp(model)  # broadcasts the parameters from the lowest survivor
         step = _resync(model, opt, saved[2])
         for s in [s for s in plan if s <= reached]:  # a kill happens once, not again when its step is redone
