@@ -533,3 +533,111 @@ def test_a_rank_killed_inside_agree_is_agreed_failed_and_shrink_continues():
     assert all(s == "ok" for s, _ in got), got
     assert [v[0] for _, v in got] == [(True, [3])] * 3, got
     assert sorted(v[1] for _, v in got) == [(0, 3, True), (1, 3, True), (2, 3, True)], got
+
+
+# ---------------------------------------------------------------------------- torch DDP on a shrunken group
+# Elastic DDP (bench/vpc/elastic_train.py --ddp in small): 3 ranks train a float64 MLP with DDP on "harp",
+# global batch split over the current ranks; rank 2 is SIGKILLed inside step KILL's backward; the survivors
+# learn it (harp.elastic.shrink_torch_group: revoke + agree, dist.shrink_group), restore the last commit into
+# the same model and optimizer (SGD momentum), rebuild DDP on the shrunken group and finish every step.
+DDP_STEPS, DDP_COMMIT, DDP_KILL, DDP_BATCH = 12, 4, 6, 13
+
+
+def _ddp_model():
+    import torch
+
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).double()
+
+
+def _ddp_batch(step):
+    import torch
+
+    x = torch.randn(DDP_BATCH, 6, generator=torch.Generator().manual_seed(step), dtype=torch.float64)
+    return x, torch.sin(x.sum(1, keepdim=True))
+
+
+def _ddp_step(model, opt, x, y, scale):
+    opt.zero_grad(set_to_none=True)
+    (((model(x) - y) ** 2).sum() * scale).backward()
+    opt.step()
+
+
+def _ddp_elastic(rank, size, url, victim):
+    import copy
+    import datetime
+    import gc
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    import harp.elastic as elastic
+    import harp.torch  # noqa: F401
+
+    def DDP(m, **kw):  # torch's Python allreduce hook: DDP's C++ one crashes when a harp allreduce fails
+        d = DistributedDataParallel(m, **kw)
+        d.register_comm_hook(None, default_hooks.allreduce_hook)
+        return d
+
+    torch.set_num_threads(1)
+    dist.init_process_group("harp", init_method=url, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    model = _ddp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ddp, step, resets = DDP(model, broadcast_buffers=False), 0, []
+    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), 0)
+    while step < DDP_STEPS:
+        err = None
+        try:
+            w, r = dist.get_world_size(), dist.get_rank()
+            x, y = (t.tensor_split(w)[r] for t in _ddp_batch(step))
+            if step == DDP_KILL and rank == victim:
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                time.sleep(1)  # killed before its gradient allreduce: the others wait there for it
+            _ddp_step(ddp, opt, x, y, w / DDP_BATCH)  # DDP averages: the global batch's mean-error gradient
+            step += 1
+            if step % DDP_COMMIT == 0:
+                saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), step)
+        except RuntimeError as e:  # torch's DistBackendError
+            err = f"{type(e).__name__}: {e}"  # not `e`: its traceback would keep the old DDP (and its hooks) alive
+        if err is None:
+            continue
+        del ddp
+        gc.collect()
+        _, failed = elastic.shrink_torch_group(min_workers=2, err=harp.HarpError(err))
+        model.load_state_dict(saved[0])
+        opt.load_state_dict(copy.deepcopy(saved[1]))  # load_state_dict adopts the tensors: SGD would
+        # then update the commit's momentum in place, and a second restore of the same commit would be wrong
+        ddp = DDP(model, broadcast_buffers=False)  # parameters from the lowest survivor
+        resets.append((failed, dist.get_world_size(), dist.get_rank(), saved[2], step))
+        step = saved[2]
+    out = (step, resets, [p.detach().numpy().copy() for p in model.parameters()])
+    del ddp
+    dist.destroy_process_group()
+    return out
+
+
+def test_torch_ddp_continues_on_the_shrunken_group_after_a_kill(tmp_path):
+    torch = pytest.importorskip("torch")
+    res = run_ranks(3, _ddp_elastic, f"file://{tmp_path}/store", 2, env=_env("tcp"), timeout=150,
+                    allow_errors=True)
+    assert res[2][0] == "died", res[2]
+    got = [res[0], res[1]]
+    assert all(s == "ok" for s, _ in got), got
+    for new_rank, (_, (step, resets, _params)) in enumerate(got):
+        assert step == DDP_STEPS
+        assert resets == [([2], 2, new_rank, DDP_KILL - DDP_KILL % DDP_COMMIT, DDP_KILL)], resets
+    p0, p1 = got[0][1][2], got[1][1][2]
+    assert all(np.array_equal(a, b) for a, b in zip(p0, p1)), "survivors' parameters differ"
+    # the undisturbed single-process run on the whole global batch: equal up to summation order
+    model = _ddp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(DDP_STEPS):
+        _ddp_step(model, opt, *_ddp_batch(step), 1.0 / DDP_BATCH)
+    ref = [p.detach().numpy() for p in model.parameters()]
+    assert all(np.allclose(a, b, rtol=1e-9, atol=1e-12) for a, b in zip(p0, ref)), "not the global batch's run"
+    init = [p.detach().numpy() for p in _ddp_model().parameters()]
+    assert not all(np.allclose(a, b, rtol=1e-3) for a, b in zip(p0, init)), "training did not move the parameters"

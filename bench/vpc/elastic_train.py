@@ -13,6 +13,16 @@ victim) points drawn from --seed (victim never rank 0, which hosts nothing speci
 launcher's store is outside every host), the victim SIGKILLs itself a random fraction into that step;
 the survivors agree, shrink, restore the last commit, re-sync from rank 0 and go on (no replacement).
 
+--ddp: the same run with torch DDP over the "harp" backend (init_process_group("harp"), env:// with the
+store on rank 0, which is never a victim). The model is the same MLP shape in torch (float64), SGD with
+momentum; DDP averages gradients, so each rank's loss is its shard's summed squared error x size / batch and
+the step's gradient is the global batch's whatever the number of workers. The committed state is
+(model.state_dict(), optimizer.state_dict(), step). On a failure (DistBackendError from backward or an
+allreduce) the survivors call harp.elastic.shrink_torch_group (revoke + agree on the group's HARP
+communicator: the lost ranks; dist.shrink_group of them), drop the old DDP, restore the commit into the same
+model and optimizer, rebuild DDP on the shrunken default group (its constructor broadcasts the parameters
+from the lowest survivor) and broadcast the optimizer's momentum and the step from it too.
+
 Reports final loss (both runs and their ratio), wall time of both runs, and per failure: the recovery
 time (from the error to the restored state, harp.elastic.Reset.seconds) and the steps recomputed; time
 lost per failure = (disturbed - undisturbed wall time) / K. JSON stamped (stamp.py), command and load.
@@ -93,7 +103,7 @@ def worker(a):
         for s in [s for s in plan if s <= reached[0]]:  # a kill happens once, not again when its step is redone
             del plan[s]
         resets.append({"failed": r.failed, "old_size": r.old_size, "new_size": r.comm.size, "seconds": r.seconds,
-                       "resumed_at_step": state.step})
+                       "resumed_at_step": state.step, "reached": reached[0]})
 
     t0 = time.monotonic()
     last = elastic.run(train, comm, state, min_workers=2, on_reset=on_reset)
@@ -106,6 +116,117 @@ def worker(a):
     if last is not comm:
         last.destroy()
     comm.destroy()
+
+
+def _torch_model(d_in, hidden):
+    import torch
+
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)).double()
+
+
+def _ddp(model):
+    """DDP with torch's Python allreduce hook (same sum / world size). DDP's built-in C++ hook crashes the
+    process (SIGSEGV in backward) when the "harp" allreduce it waits for fails; through a Python hook the
+    failure is a RuntimeError from backward (minimal repro: see bench/RESULTS-vpc.md, issue 18, elastic DDP)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, broadcast_buffers=False)
+    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    return ddp
+
+
+def _resync(model, opt, step):
+    """Collective on the default group: every rank takes the lowest survivor's (new rank 0's) state."""
+    import torch
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        buf = opt.state.get(p, {}).get("momentum_buffer")
+        if buf is not None:
+            dist.broadcast(buf, 0)
+    s = torch.tensor([step], dtype=torch.int64)
+    dist.broadcast(s, 0)
+    return int(s[0])
+
+
+def worker_ddp(a):
+    """--ddp: torch DDP on the "harp" backend, shrunk with dist.shrink_group on each failure."""
+    import copy
+    import datetime
+    import gc
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import harp._env
+    import harp.elastic as elastic
+    import harp.torch  # noqa: F401  registers "harp"
+
+    torch.set_num_threads(1)
+    rank, size, _ = harp._env.launch_env()
+    dist.init_process_group("harp", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))
+    xn, yn = _data(a["samples"], a["d_in"])
+    x, y = torch.from_numpy(xn), torch.from_numpy(yn)
+    model = _torch_model(a["d_in"], a["hidden"])
+    opt = torch.optim.SGD(model.parameters(), lr=a["lr"], momentum=a["momentum"])
+    ddp = _ddp(model)
+    plan = {s: (v, frac) for s, v, frac in _plan(a, size)}
+    resets, step_s, losses, reached, step = [], [], {}, 0, 0
+    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), 0)
+    t_start = time.monotonic()
+    while step < a["steps"]:
+        err = None
+        try:
+            t0 = time.monotonic()
+            reached = max(reached, step)
+            w, r = dist.get_world_size(), dist.get_rank()
+            lo = (step * a["batch"]) % a["samples"]
+            mine = torch.from_numpy(np.array_split(np.arange(lo, lo + a["batch"]) % a["samples"], w)[r])
+            sse = ((ddp(x[mine]) - y[mine]) ** 2).sum()
+            if step in plan and r == plan[step][0]:
+                threading.Timer(plan[step][1] * 0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                time.sleep(0.06)  # dies in (or right before) this step's gradient allreduce
+            opt.zero_grad(set_to_none=True)
+            (sse * (w / a["batch"])).backward()  # DDP's average of these = the global batch's gradient
+            if step >= a["steps"] - 10:
+                tot = sse.detach().clone()
+                dist.all_reduce(tot)
+                losses[step] = float(tot) / a["batch"]
+            opt.step()
+            step += 1
+            step_s.append(time.monotonic() - t0)
+            if step % a["commit"] == 0:
+                saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), step)
+        except (RuntimeError, harp.HarpError) as e:  # dist.DistBackendError is a RuntimeError
+            err = f"{type(e).__name__}: {e}"  # not `e`: its traceback's frames would keep the old DDP alive
+        if err is None:
+            continue
+        t0, old, sse = time.monotonic(), dist.get_world_size(), None
+        del ddp
+        gc.collect()  # the old reducer's autograd hooks go with it
+        _, failed = elastic.shrink_torch_group(min_workers=2, err=harp.HarpError(err))
+        t_shrunk = time.monotonic()
+        model.load_state_dict(saved[0])
+        opt.load_state_dict(copy.deepcopy(saved[1]))  # load_state_dict adopts the tensors: SGD would
+        # then update the commit's momentum in place, and a second restore of the same commit would be wrong
+        ddp = _ddp(model)  # broadcasts the parameters from the lowest survivor
+        step = _resync(model, opt, saved[2])
+        for s in [s for s in plan if s <= reached]:  # a kill happens once, not again when its step is redone
+            del plan[s]
+        resets.append({"failed": failed, "old_size": old, "new_size": dist.get_world_size(),
+                       "seconds": time.monotonic() - t0, "shrink_s": t_shrunk - t0, "resumed_at_step": step,
+                       "reached": reached,
+                       "error": err[:300]})
+    wall = time.monotonic() - t_start
+    if dist.get_rank() == 0:
+        with open(os.path.join(a["outdir"], "result.json"), "w") as f:
+            json.dump({"wall_s": wall, "final_loss": float(np.mean([losses[s] for s in sorted(losses)[-10:]])),
+                       "resets": resets, "final_size": dist.get_world_size(), "mode": "ddp",
+                       "step_s_median": sorted(step_s)[len(step_s) // 2]}, f)
+    del ddp
+    dist.destroy_process_group()
 
 
 def main():
@@ -127,6 +248,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=1200)
+    ap.add_argument("--ddp", action="store_true", help="torch DDP on the 'harp' backend (dist.shrink_group)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="--ddp: SGD momentum (in the committed state)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     st = topo.load(a.name)
@@ -140,7 +263,8 @@ def main():
         for label, kills in (("undisturbed", 0), ("killed", a.kills)):
             outdir = tempfile.mkdtemp(prefix="elastic-", dir="/tmp")
             args = {"kills": kills, "steps": a.steps, "commit": a.commit, "batch": a.batch, "samples": a.samples,
-                    "d_in": a.d_in, "hidden": a.hidden, "lr": a.lr, "seed": a.seed, "outdir": outdir}
+                    "d_in": a.d_in, "hidden": a.hidden, "lr": a.lr, "seed": a.seed, "outdir": outdir,
+                    "ddp": a.ddp, "momentum": a.momentum}
             env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), HARP_TIMEOUT="120", OMP_NUM_THREADS="1")
             rc = runner.run(st, "harp", a.hosts, a.ppn, [sys.executable, os.path.abspath(__file__), "_worker",
                                                          json.dumps(args)], timeout=a.timeout, grace=1e9, env=env)
@@ -158,8 +282,11 @@ def main():
             "loss_ratio": k["final_loss"] / u["final_loss"], "wall_undisturbed_s": u["wall_s"],
             "wall_killed_s": k["wall_s"], "final_size": k["final_size"], "resets": len(k["resets"]),
             "recovery_s": [r["seconds"] for r in k["resets"]],
+            "shrink_s": [r["shrink_s"] for r in k["resets"] if "shrink_s" in r],
             "time_lost_per_failure_s": (k["wall_s"] - u["wall_s"]) / max(1, len(k["resets"])),
-            "step_s_median_undisturbed": u["step_s_median"]}
+            "step_s_median_undisturbed": u["step_s_median"], "mode": "ddp" if a.ddp else "numpy",
+            # completed steps rolled back per failure (the step in flight is redone as well)
+            "steps_redone": [r["reached"] - r["resumed_at_step"] for r in k["resets"] if "reached" in r]}
     record["stamp_after"] = stamp()
     with open(a.out, "w") as f:
         json.dump(record, f, indent=1)
@@ -169,6 +296,7 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_worker":
-        worker(json.loads(sys.argv[2]))
+        args = json.loads(sys.argv[2])
+        (worker_ddp if args.get("ddp") else worker)(args)
     else:
         sys.exit(main())

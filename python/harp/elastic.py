@@ -40,6 +40,11 @@ join with ``comm.grow(new_size, uid)`` on the survivors and
 program chooses (typically right after a commit, followed by ``state.sync``);
 ``run`` does not start processes.
 
+torch DDP: ``shrink_torch_group()`` is the same recovery for a "harp" process group (a failed
+collective raises torch's DistBackendError): revoke and agree on the group's HARP communicator, then
+``dist.shrink_group`` of the agreed failed ranks; the program rebuilds DistributedDataParallel on the
+shrunken group from its last committed state_dict (bench/vpc/elastic_train.py --ddp shows the loop).
+
 Threading: one thread drives ``run``; ``State`` is not locked.
 """
 from __future__ import annotations
@@ -52,7 +57,7 @@ import numpy as np
 
 from .errors import HarpError, InvalidArgumentError
 
-__all__ = ["State", "run", "Reset", "shrink_to_survivors"]
+__all__ = ["State", "run", "Reset", "shrink_to_survivors", "shrink_torch_group"]
 
 
 class State:
@@ -123,6 +128,30 @@ def shrink_to_survivors(comm, err, min_workers: int = 1, who: str = "harp.elasti
         raise HarpError(f"{who}: {comm.size - len(failed)} workers left after losing ranks {failed}, fewer than "
                         f"min_workers={min_workers}: {err}") from err
     return comm.shrink(failed), failed
+
+
+def shrink_torch_group(group=None, min_workers: int = 1, err=None):
+    """torch: after a failed collective on a "harp" process group (default: the default group), learn the lost
+    ranks on every survivor (revoke + agree on the group's HARP communicator) and shrink the group to the
+    survivors with ``dist.shrink_group`` (for the default group, the new group becomes the default one; the old
+    one is destroyed). Returns (new group, failed ranks of the old group). Raises HarpError (from ``err``) when
+    no rank is agreed failed or fewer than ``min_workers`` survive. Every survivor must call it."""
+    import torch.distributed as dist
+
+    from .torch._pg import ProcessGroupHarp
+
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, ProcessGroupHarp):
+        raise InvalidArgumentError(f"harp.elastic.shrink_torch_group: {pg!r} is not a 'harp' process group")
+    comm = pg._coll
+    comm.revoke()
+    _, failed = comm.agree(True)
+    left = pg.size() - len(failed)
+    if not failed or left < min_workers:
+        why = "no rank was agreed failed" if not failed else f"{left} workers left, fewer than min_workers={min_workers}"
+        raise HarpError(f"harp.elastic.shrink_torch_group: {why} (lost ranks {failed}): {err}") from err
+    new = dist.shrink_group(list(failed), group=group, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    return new, list(failed)
 
 
 def run(train, comm, state: State, *, min_workers: int = 1, max_workers: int | None = None, on_reset=None,
