@@ -571,16 +571,14 @@ def _ddp_elastic(rank, size, url, victim):
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     import harp.elastic as elastic
     import harp.torch  # noqa: F401
 
-    def DDP(m, **kw):  # torch's Python allreduce hook: DDP's C++ one crashes when a harp allreduce fails
-        d = DistributedDataParallel(m, **kw)
-        d.register_comm_hook(None, default_hooks.allreduce_hook)
-        return d
+    # DDP's own C++ allreduce path, no Python hook: a failed harp allreduce must reach it as a future
+    # error (a RuntimeError from backward), not as an exception object it reads as tensors (SIGSEGV)
+    DDP = DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("harp", init_method=url, rank=rank, world_size=size,

@@ -175,7 +175,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                 span.__exit__(None, None, None)
         w = HarpWork(opname, self._desc, handles, staged, result, post)
         if is_async:
-            w._fut = Future()  # DDP and hooks always ask for it; create it before a completer can finish
+            w.get_future()  # DDP and hooks always ask for it; create it before a completer can finish
             self._done[id(comm)].add(w)
         else:
             w.wait()

@@ -52,7 +52,8 @@ class HarpWork(dist.Work):
         self._post = post          # extra Python step after the data arrived (scatter of outputs...)
         self._waiters = waiters    # extra callables that block until their part is done (anysource thread)
         self._result = [] if result is None else result
-        self._fut = None  # created on demand (blocking calls rarely ask for it)
+        self._fut = None  # created on demand (blocking calls rarely ask for it): _src.then(_unwrap)
+        self._src = None  # the future _finish completes, always with a value
         self._lock = threading.Lock()
         self._done = False
         self._exc = None
@@ -87,15 +88,22 @@ class HarpWork(dist.Work):
             self._exc = exc
             self._done = True
             self._staged = []
-            fut = self._fut
-        if fut is not None:
-            self._complete(fut)
+            src = self._src
+        if src is not None:
+            self._complete(src)
 
-    def _complete(self, fut):
-        if self._exc is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._exc)
+    def _complete(self, src):
+        # The source future always gets a value; the future handed out is
+        # src.then(_unwrap), which raises the work's error. Future.set_exception
+        # would store the exception as a *value* with a Python-only unwrap, and
+        # C++ readers (DDP's Reducer::finalize_backward) then read it as tensors
+        # and crash; an error raised in a then-callback is a real future error.
+        src.set_result(self._result)
+
+    def _unwrap(self, src):
+        if self._exc is not None:
+            raise self._exc
+        return src.value()
 
     def _run_to_completion(self):
         try:
@@ -141,11 +149,12 @@ class HarpWork(dist.Work):
         with self._lock:
             if self._fut is not None:
                 return self._fut
-            fut = self._fut = Future()
+            src = self._src = Future()
+            self._fut = src.then(self._unwrap)
             done = self._done
         if done:  # _finish ran without a future: complete this one now (callbacks run here)
-            self._complete(fut)
-        return fut
+            self._complete(src)
+        return self._fut
 
     def result(self):
         self.wait()
