@@ -106,3 +106,16 @@ def killed_last_rank(rank, size, count, delay):
     except harp.HarpError as e:
         return type(e).__name__, str(e), time.monotonic() - t0
     return "no error", "", time.monotonic() - t0
+
+
+def transport_env(tr):
+    """The environment that pins a job to one transport (tcp, shm, ...)."""
+    return {"HARP_TRANSPORT": tr}
+
+
+def outcome(fn):
+    """("ok", fn()) or (the HarpError's class name, its text): lets a rank report an expected error."""
+    try:
+        return "ok", fn()
+    except harp.HarpError as e:
+        return type(e).__name__, str(e)

@@ -21,20 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
-from harness import run_ranks
+from harness import outcome, run_ranks, transport_env
 
 TRANSPORTS = ["tcp", "shm"]
 
 
-def _env(tr):
-    return {"HARP_TRANSPORT": tr}
-
-
-def _outcome(fn):
-    try:
-        return "ok", fn()
-    except harp.HarpError as e:
-        return type(e).__name__, str(e)
+_env = transport_env
+_outcome = outcome
 
 
 # ---------------------------------------------------------------------------- item 1: data-carried check

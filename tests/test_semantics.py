@@ -28,21 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
-from harness import run_ranks
+from harness import outcome, run_ranks, transport_env
 
 TRANSPORTS = ["tcp", "shm"]
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-def _env(tr):
-    return {"HARP_TRANSPORT": tr}
-
-
-def _outcome(fn):
-    try:
-        return "ok", fn()
-    except harp.HarpError as e:
-        return type(e).__name__, str(e)
+_env = transport_env
+_outcome = outcome
 
 
 # ---------------------------------------------------------------------------- rooted collectives
