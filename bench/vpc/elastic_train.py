@@ -126,15 +126,13 @@ def _torch_model(d_in, hidden):
 
 
 def _ddp(model):
-    """DDP with torch's Python allreduce hook (same sum / world size). DDP's built-in C++ hook crashes the
-    process (SIGSEGV in backward) when the "harp" allreduce it waits for fails; through a Python hook the
-    failure is a RuntimeError from backward (minimal repro: see bench/RESULTS-vpc.md, issue 18, elastic DDP)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    """Plain DDP (its own C++ allreduce path). The figures in bench/RESULTS-vpc.md from before commit
+    8a058c3 were taken with torch's Python allreduce_hook registered instead (same sum / world size),
+    because a failed "harp" allreduce then crashed DDP's C++ path (SIGSEGV in backward); 8a058c3 fixed
+    that in python/harp/torch/_work.py (tests/test_ft.py's DDP test covers it)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, broadcast_buffers=False)
-    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-    return ddp
+    return DDP(model, broadcast_buffers=False)
 
 
 def _resync(model, opt, step):
