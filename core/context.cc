@@ -73,6 +73,14 @@ Context::Context(CommResources& res, int rank, int size, const CollArgs& args, u
     : res_(res), args_(args), tag_(tag), timeout_s_(timeout_s), rank_(rank), size_(size),
       esize_(dtypeSize(args.dtype)) {}
 
+Context::~Context() {
+  for (Request& r : reqs_) {
+    if (r.done() || r.peer < 0 || r.peer >= static_cast<int>(res_.transport_of.size())) continue;
+    if (transport::Transport* t = res_.transport_of[r.peer])
+      t->abort("a collective on rank " + std::to_string(rank_) + " ended with requests still pending");
+  }
+}
+
 Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(peer, buf, bytes, tag_); }
 
 Request* Context::irecv(int peer, void* buf, size_t bytes) { return irecv(peer, buf, bytes, tag_); }

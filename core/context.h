@@ -51,6 +51,14 @@ using transport::Request;
 class Context {
  public:
   Context(CommResources& res, int rank, int size, const CollArgs& args, uint64_t tag, double timeout_s);
+  // A collective that ends with requests still pending (an exception on its
+  // way out, before any abort reached the transport) aborts their transports
+  // here, while the requests still exist: a transport must never keep a
+  // pointer to a request that outlived its Context (a later abort from the
+  // keep-alive thread would write to freed memory).
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }

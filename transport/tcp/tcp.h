@@ -163,6 +163,7 @@ class TcpTransport : public Transport {
   bool fault_done_ = false;
 
  private:
+  friend class TcpPair;  // isend/irecv post under drive_mu_
   void configure(int fd);
   void doAbort();
   int listen_fd_ = -1;
@@ -174,6 +175,10 @@ class TcpTransport : public Transport {
   std::atomic<bool> abort_requested_{false};
   bool aborted_ = false;
   std::string abort_reason_;
+  // Held by whoever touches the pairs' queues: progress(), wait(), the
+  // posting of requests (TcpPair::isend/irecv) and doAbort. abort() from
+  // another thread (the keep-alive) runs doAbort only when it gets the lock,
+  // so it never walks a queue the collective's thread is appending to.
   std::mutex drive_mu_;
 };
 

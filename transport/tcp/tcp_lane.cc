@@ -64,6 +64,7 @@ void TcpPair::dropLanes(int keep) {
 }
 
 void TcpPair::isend(Request* r) {
+  std::lock_guard<std::mutex> drive(t_->drive_mu_);  // vs. abort() from the keep-alive thread
   r->peer = peer_;
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (peer_closed_) return r->fail(Request::kPeerFailure, who() + " has already closed its communicator");
@@ -75,6 +76,7 @@ void TcpPair::isend(Request* r) {
 // After the peer's goodbye a receive may still be posted: its message may
 // be on a lane not read to its end yet (progress fails it once every lane is).
 void TcpPair::irecv(Request* r) {
+  std::lock_guard<std::mutex> drive(t_->drive_mu_);  // vs. abort() from the keep-alive thread
   r->peer = peer_;
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   slots_.emplace_back();
