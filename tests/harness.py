@@ -99,10 +99,16 @@ def killed_last_rank(rank, size, count, delay):
         threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
         while True:
             comm.allreduce(x)
+    return first_error(lambda: comm.allreduce(x), 1000)
+
+
+def first_error(call, times):
+    """Calls call() up to `times` times: (the HarpError's class name, its text, seconds until it),
+    or ("no error", "", seconds) when every call succeeded (a survivor's view of a lost peer)."""
     t0 = time.monotonic()
     try:
-        for _ in range(1000):
-            comm.allreduce(x)
+        for _ in range(times):
+            call()
     except harp.HarpError as e:
         return type(e).__name__, str(e), time.monotonic() - t0
     return "no error", "", time.monotonic() - t0
@@ -119,3 +125,15 @@ def outcome(fn):
         return "ok", fn()
     except harp.HarpError as e:
         return type(e).__name__, str(e)
+
+
+def outcome_and_next(comm, call):
+    """call()'s outcome, then a small allreduce's: does the communicator still work after it? A rank
+    whose call failed stays alive a second, as an application would (exiting is another failure)."""
+    import numpy as np
+
+    first = outcome(call)
+    second = outcome(lambda: comm.allreduce(np.ones(2, np.float32)).tolist())
+    if first[0] != "ok":
+        time.sleep(1)
+    return first, second

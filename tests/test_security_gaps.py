@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
-from harness import outcome, run_ranks, transport_env
+from harness import outcome, outcome_and_next, run_ranks, transport_env
 
 TRANSPORTS = ["tcp", "shm"]
 
@@ -50,11 +50,7 @@ def _rooted(rank, size, coll, spec):
         comm.scatter(np.arange(count * size, dtype=dt) if rank == root else None, out, root=root)
         return out.tolist()
 
-    first = _outcome(call)
-    second = _outcome(lambda: comm.allreduce(np.ones(2, np.float32)).tolist())
-    if first[0] != "ok":
-        time.sleep(1)  # stay alive like an application would: exiting is another failure (PeerError)
-    return first, second
+    return outcome_and_next(comm, call)
 
 
 def _expected(coll, rank, size, root, count):

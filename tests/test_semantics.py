@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
-from harness import outcome, run_ranks, transport_env
+from harness import outcome, outcome_and_next, run_ranks, transport_env
 
 TRANSPORTS = ["tcp", "shm"]
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
@@ -55,11 +55,7 @@ def _rooted(rank, size, coll, roots, counts):
             comm.scatter(x if rank == root else None, np.empty(n, np.float32), root=root)
         return x.tolist()
 
-    first = _outcome(call)
-    second = _outcome(lambda: comm.allreduce(np.ones(2, np.float32)).tolist())
-    if first[0] != "ok":
-        time.sleep(1)  # stay alive like an application would: exiting is another failure (PeerError)
-    return first, second
+    return outcome_and_next(comm, call)
 
 
 @pytest.mark.parametrize("tr", TRANSPORTS)

@@ -32,7 +32,7 @@ import harness
 import test_collectives as _tc
 import test_failures as _tf
 from collectives_check import ALLREDUCE_ALGOS, check_everything
-from harness import run_ranks
+from harness import first_error, run_ranks
 
 SHM = {"HARP_TRANSPORT": "shm"}
 # Where the harp under test lives (the installed package in CI, python/ in a dev tree).
@@ -192,13 +192,7 @@ def _victim(rank, size, big):
     comm.allreduce(x)
     if rank == size - 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
-    try:
-        for _ in range(100):
-            comm.allreduce(x)
-    except harp.HarpError as e:
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "no error", "", 0.0
+    return first_error(lambda: comm.allreduce(x), 100)
 
 
 @pytest.mark.parametrize("memfd", ["memfd", "shm_open"])
