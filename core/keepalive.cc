@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -162,9 +163,17 @@ void KeepAlive::beat(uint8_t kind, int dead) {
   std::memcpy(p + 20, &s, 4);
   std::memcpy(p + kSigned, mac(key_, p).data(), kMacBytes);
   for (int q : watch_) {
-    const SockAddr& a = peers_[q].addr;
-    ssize_t n = ::sendto(fd_, p, kPacket, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&a.ss), a.len);
-    (void)n;
+    const Peer& peer = peers_[q];
+    if (peer.gone || peer.refused) continue;  // left, or its process is gone: every beat would draw an ICMP error
+    // With IP_RECVERR an ICMP error for an earlier beat is also left pending on
+    // the socket, and the next sendto (to any peer) reports it once and sends
+    // nothing: without the retry, a peer that closed its port would silence our
+    // beats to the next peer in the list, which then reports us dead.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      ssize_t n = ::sendto(fd_, p, kPacket, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&peer.addr.ss),
+                           peer.addr.len);
+      if (n >= 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) break;
+    }
   }
 }
 
@@ -172,9 +181,12 @@ void KeepAlive::beat(uint8_t kind, int dead) {
 // this communicator, from a watched rank, signed, and newer than the last.
 void KeepAlive::receive(double t) {
   char p[kPacket + 1];
-  for (;;) {
+  for (int errors = 0;;) {
     ssize_t n = ::recv(fd_, p, sizeof p, MSG_DONTWAIT);
-    if (n < 0) return;
+    // Any error but "nothing left" is a pending ICMP error reported once (and
+    // cleared): the packets behind it are still to be read.
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || ++errors > 64)) return;
+    if (n < 0) continue;
     if (n != static_cast<ssize_t>(kPacket) || std::memcmp(p, kMagic, 4) != 0) continue;
     uint64_t id;
     int32_t r;

@@ -20,7 +20,10 @@
 // 16 bytes. The key derives from the communicator's secret token, so nobody
 // outside the job can keep a dead rank alive or declare a live one gone by
 // sending packets; a replayed beat (sequence not newer) is ignored. A bye (sent
-// by stop(), on destroy) retires the sender: it is never reported.
+// by stop(), on destroy) retires the sender: it is never reported. Beats go
+// only to peers that neither said bye nor had their port refuse a beat (each
+// such beat would draw an ICMP error, which IP_RECVERR also leaves pending on
+// the socket for the next send or receive: both retry past it).
 //
 // A killed process is found faster than that: the socket has IP_RECVERR (or
 // IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes back

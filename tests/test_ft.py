@@ -167,6 +167,40 @@ def test_failed_rank_is_named_then_agree_shrink_and_a_bit_exact_allreduce(transp
 
 
 # ---------------------------------------------------------------------------- agree semantics
+def _first_leaves(rank, size):
+    import time
+    comm = harp.init()
+    if rank == 0:
+        comm.destroy()  # leaves cleanly: a bye, then its keep-alive port is closed
+        return []
+    # Several keep-alive timeouts out of HARP: only the heartbeat thread speaks for us.
+    time.sleep(3 * float(KA["HARP_KEEPALIVE_TIMEOUT"]))
+    right, left = rank % (size - 1) + 1, (rank - 2) % (size - 1) + 1  # a ring over ranks 1..size-1
+    got = np.zeros(3)
+    if rank == 1:  # the token goes 1 -> 2 -> ... -> size-1 -> 1 (operations run in issue order)
+        comm.send(np.full(3, float(rank)), peer=right)
+        comm.recv(got, peer=left)
+    else:
+        comm.recv(got, peer=left)
+        comm.send(np.full(3, float(rank)), peer=right)
+    failed = comm.failed_ranks()
+    comm.destroy()
+    return failed, got.tolist(), left
+
+
+def test_a_rank_that_leaves_cleanly_does_not_silence_the_others_heartbeats():
+    # A departed rank's closed port answers every beat sent to it with an ICMP
+    # error, which IP_RECVERR also leaves pending on the socket: the next send
+    # to a live peer then fails. Beats to a rank that said bye must stop, and
+    # a pending error must not eat the beat meant for another rank.
+    res = run_ranks(4, _first_leaves, env=_env("tcp"), timeout=120)
+    assert res[0] == []
+    for r in (1, 2, 3):
+        failed, got, left = res[r]
+        assert failed == [], f"rank {r} reported {failed} dead"
+        assert got == [float(left)] * 3, res
+
+
 def _agree_flags(rank, size):
     comm = harp.init()
     a = comm.agree(rank != 1)  # rank 1 votes False

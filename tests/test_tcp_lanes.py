@@ -139,6 +139,13 @@ def _fault(rank, size, fault):
     try:
         if rank == 0:
             comm.send(x, 1)
+            # Stay alive until rank 1 has judged the frame (its abort ends this
+            # wait): an exit now would let rank 1's keep-alive see a closed port
+            # first, on a loaded machine, and name that instead.
+            try:
+                comm.recv(np.zeros(1, np.float32), 1, timeout=30)
+            except harp.HarpError:
+                pass
             return "sent", ""
         y = np.zeros(6000, np.float32)  # room beyond the message: nothing may land there
         comm.recv(y[:5000], 0)

@@ -525,6 +525,10 @@ bool DpdkTransport::progressLocked() {
 // during the last 100 ms (it may leave unacknowledged data behind, whose acks
 // should be taken promptly: they also time the retransmission clock); every
 // 20 ms otherwise, so a long-idle communicator costs 50 wake-ups a second.
+// It polls also with nothing of ours outstanding: a peer's HELLO still wants
+// its reply (our confirmation may have been lost, and that peer waits in its
+// handshake while we have left ours, maybe to wait for it in the store), and
+// its data wants acknowledging while this rank is out of HARP.
 void DpdkTransport::keeperLoop() {
   std::unique_lock<std::mutex> k(keeper_mu_);
   auto period = std::chrono::milliseconds(1);
@@ -534,8 +538,7 @@ void DpdkTransport::keeperLoop() {
     if (quiet < 1'000'000) continue;
     std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
     if (!g.owns_lock() || aborted_) continue;
-    if (!proto_->hasUnackedSends()) continue;
-    period = std::chrono::milliseconds(1);
+    if (proto_->hasUnackedSends()) period = std::chrono::milliseconds(1);
     progressLocked();
   }
 }

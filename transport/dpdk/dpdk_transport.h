@@ -88,8 +88,9 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   std::mutex mu_;
   // Small sends complete before they are acknowledged (Protocol::EagerSend), so
   // their retransmission must not wait for the application to call in again:
-  // while nobody drives progress and unacknowledged data is out, the keeper
-  // thread does (its periods: keeperLoop()).
+  // while nobody drives progress, the keeper thread does (also with nothing
+  // outstanding: a peer's handshake or data may want an answer; its periods:
+  // keeperLoop()).
   std::thread keeper_;
   std::mutex keeper_mu_;
   std::condition_variable keeper_cv_;
