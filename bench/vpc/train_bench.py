@@ -9,6 +9,9 @@ cluster --name (brought up with max(--hosts) hosts if not up). Efficiency at
 H hosts = samples/s(H) / (H x samples/s(1)) with the same backend, medians
 over repetitions. Writes one JSON with a provenance stamp.
 
+Issue 16 study: DDP at 4 hosts x 2 ranks, gloo vs HARP flat vs HARP automatic vs rail:
+    python3 bench/vpc/train_bench.py --hier --hosts 4 --ppn 2 --repeat 3 --out .../ddp-hier-4x2.json
+
 Issue 17 studies (defaults unchanged without these options):
     python3 bench/vpc/train_bench.py --hosts 4 --bucket-caps 1,25 --repeat 3 --out .../ddp-buckets.json
         DDP on HARP with each bucket_cap_mb (interleaved per repetition): samples/s and the
@@ -36,9 +39,10 @@ from harp.cluster import net, topology as topo  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 
-def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=()):
-    env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher", launcher,
+def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=(), ppn=1, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0", **(env_extra or {}))
+    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+           "--launcher", launcher,
            "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
            "--steps", str(steps), "--warmup", str(warmup), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
@@ -48,7 +52,9 @@ def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=()):
         raise RuntimeError(f"{backend}/{launcher} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
     rec = json.loads(lines[-1][6:])
     rec["launcher"] = launcher
-    print(f"# {hosts} hosts {backend:>4} via {launcher:<8} {' '.join(extra)}: {rec['samples_per_s']:7.2f} samples/s, "
+    rec["ppn"], rec["env"] = ppn, dict(env_extra or {})
+    print(f"# {hosts}x{ppn} {backend:>4} via {launcher:<8} {' '.join(extra)} {' '.join(f'{k}={v}' for k, v in (env_extra or {}).items())}: "
+          f"{rec['samples_per_s']:7.2f} samples/s, "
           f"{rec['seconds']:.2f} s, loss {rec['final_loss']:.6f}", flush=True)
     return rec
 
@@ -73,6 +79,36 @@ def scaling(a, name, hosts_list):
         for h, s in rows.items():
             eff = f"{s['efficiency_vs_1_host']:.3f}" if s["efficiency_vs_1_host"] is not None else ""
             print(f"{b:>5} {h} hosts {s['samples_per_s_median']:8.2f} ({s['min']:.2f}..{s['max']:.2f}) eff {eff}")
+    return {"runs": runs, "summary": summary}
+
+
+# Issue 16: DDP at H hosts x L ranks, gloo against HARP flat (the selector may not
+# pick a hierarchical algorithm: HARP_HIER=0), HARP's automatic choice, and rail forced.
+HIER_VARIANTS = {"gloo": ("gloo", {}), "harp-flat": ("harp", {"HARP_HIER": "0"}), "harp-auto": ("harp", {}),
+                 "harp-rail": ("harp", {"HARP_ALGO": "allreduce:rail"})}
+
+
+def hier_study(a, name, hosts):
+    """samples/s per variant at hosts x a.ppn, interleaved per repetition, and at hosts x 1 for scaling."""
+    variants = a.variants.split(",")
+    runs = {v: [] for v in variants}
+    for _ in range(a.repeat):
+        for v in variants:
+            backend, env = HIER_VARIANTS[v]
+            runs[v].append(train(name, hosts, backend, "harp", a.steps, a.warmup, ppn=a.ppn, env_extra=env,
+                                 extra=_common(a)))
+    summary = {}
+    flat = statistics.median(r["samples_per_s"] for r in runs["harp-flat"]) if "harp-flat" in runs else None
+    for v, rs in runs.items():
+        sps = [r["samples_per_s"] for r in rs]
+        med = statistics.median(sps)
+        summary[v] = {"samples_per_s_median": med, "min": min(sps), "max": max(sps),
+                      "x_harp_flat": med / flat if flat else None,
+                      "final_loss": [r["final_loss"] for r in rs]}
+    print(f"## DDP at {hosts} hosts x {a.ppn} ranks: samples/s median (min..max), x HARP flat")
+    for v, s_ in summary.items():
+        x = f"{s_['x_harp_flat']:.3f}" if s_["x_harp_flat"] else ""
+        print(f"{v:>10} {s_['samples_per_s_median']:8.2f} ({s_['min']:.2f}..{s_['max']:.2f}) {x}")
     return {"runs": runs, "summary": summary}
 
 
@@ -143,6 +179,10 @@ def main():
     ap.add_argument("--compress", default="", help="issue 17: e.g. 'topk:0.01!' (comm hook study, with --seeds)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--width", type=int, default=0, help="ddp_train.py --width (0: its default)")
+    ap.add_argument("--ppn", type=int, default=1, help="issue 16: ranks per host for --hier")
+    ap.add_argument("--hier", action="store_true",
+                    help="issue 16: DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
+    ap.add_argument("--variants", default="gloo,harp-flat,harp-auto,harp-rail")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]
@@ -153,7 +193,9 @@ def main():
     try:
         rec = {"stamp_before": stamp(), "command": " ".join(sys.argv),
                "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")}}
-        if a.bucket_caps:
+        if a.hier:
+            rec["hier"] = hier_study(a, a.name, hosts_list[0])
+        elif a.bucket_caps:
             rec["bucket_caps"] = bucket_caps(a, a.name, hosts_list[0])
         elif a.compress:
             rec["compress"] = compress_study(a, a.name, hosts_list[0])

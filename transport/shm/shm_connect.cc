@@ -201,6 +201,7 @@ ShmTransport::ShmTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
   inline_polls_ = oversubscribed ? 1 : 64;
   spin_ns_ = static_cast<long>(env::realOr("HARP_SHM_SPIN_US", oversubscribed ? 0 : 2) * 1000);
   yield_ns_ = static_cast<long>(env::real("HARP_SHM_YIELD_US") * 1000);
+  check_delay_ns_ = static_cast<long>(env::real("HARP_SHM_FAULT_CHECK_DELAY_US") * 1000);
 
   seg_ = createSegment(geo_, &seg_how_);
   SegHeader* h = seg_.header();

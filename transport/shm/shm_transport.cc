@@ -9,7 +9,9 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/base/env.h"
 #include "core/base/log.h"
@@ -393,7 +395,10 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
                            const std::function<std::string()>& timeout_msg) {
   if (cond()) return;
   Deadline dl = Deadline::after(timeout_s);
-  auto failIfBroken = [&] {
+  // Throws on an abort, a dead peer or a stray message; true when the
+  // condition turned out to hold after all (the caller returns).
+  auto failIfBroken = [&]() -> bool {
+    if (check_delay_ns_ > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(check_delay_ns_));  // test hook
     if (aborted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> g(abort_mu_);
       throw Error(Error::kPeerFailure, "communicator aborted: " + abort_why_);
@@ -409,6 +414,10 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       if (p->failed_) throw Error(Error::kPeerFailure, p->failed_why_);
       if (p->dead_) throw Error(Error::kPeerFailure, p->dead_why_);
       if (p->recvs_.empty() && !p->discard_ && p->slotReady()) {
+        // A peer that saw this collective complete may already be in the next
+        // one and have sent for it (it saw every flag we wait for, so they are
+        // visible here now too): then the condition holds, and the message waits.
+        if (cond()) return true;
         const SlotHdr* h = p->inSlot(p->rtail_);
         throw Error(Error::kMismatch, rankName(p->peer_) + " sent a message (tag " + hex64(h->tag) + ", " +
                                           std::to_string(h->len) + " bytes) while this rank runs " +
@@ -416,6 +425,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
                                           ": collective mismatch (the ranks are running different collectives)");
       }
     }
+    return false;
   };
   // Spin (pause) for spin_us, then poll with sched_yield until yield_us, then
   // sleep on the doorbell. Yielding keeps latency low when ranks outnumber
@@ -437,16 +447,14 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
       sched_yield();
       if ((it & 255) == 0) {
         checkSockets();
-        if (cond()) return;
-        failIfBroken();
+        if (cond() || failIfBroken()) return;
       }
       continue;
     }
     // cond() again first: a peer that saw the condition complete may already
     // have failed on what follows (a collective mismatch) and aborted; this
     // rank must then see the condition too and report the same error itself.
-    if (cond()) return;
-    failIfBroken();
+    if (cond() || failIfBroken()) return;
     if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
     // Stall warning (issue 19, core/base/stall.h): nothing before kMinStallS.
     watch.tick(ns * 1e-9, [&] {

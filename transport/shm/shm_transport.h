@@ -164,6 +164,7 @@ class ShmTransport : public Transport {
   long spin_ns_ = 0;    // waitFor: pause-polling time (HARP_SHM_SPIN_US)
   int inline_polls_ = 64;  // see inlinePolls(); also waitFor's polls between clock reads
   long yield_ns_ = 0;   // wait/waitFor: sched_yield-polling time before sleeping (HARP_SHM_YIELD_US)
+  long check_delay_ns_ = 0;  // test hook HARP_SHM_FAULT_CHECK_DELAY_US: waitFor sleeps this long before failIfBroken
   uint64_t coll_step_ = 0;
   uint32_t poll_counter_ = 0;
 
