@@ -344,7 +344,10 @@ def test_interrupted_or_killed_run_leaves_nothing_behind(tmp_path, sig):
     p = subprocess.Popen([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
                           "100", "--", sys.executable, "-c",
                           f"import time; open({str(flag)!r}, 'a').close(); time.sleep(100)"],
-                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # as at a terminal: a shell's background job inherits SIGINT ignored, and
+                         # Python then installs no KeyboardInterrupt handler (the test would wait 60 s)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not flag.exists():
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
