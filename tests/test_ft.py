@@ -168,7 +168,6 @@ def test_failed_rank_is_named_then_agree_shrink_and_a_bit_exact_allreduce(transp
 
 # ---------------------------------------------------------------------------- agree semantics
 def _first_leaves(rank, size):
-    import time
     comm = harp.init()
     if rank == 0:
         comm.destroy()  # leaves cleanly: a bye, then its keep-alive port is closed

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import harp
 from harness import outcome, outcome_and_next, run_ranks, transport_env
+from test_semantics import _threads
 
 TRANSPORTS = ["tcp", "shm"]
 
@@ -99,30 +100,8 @@ def test_each_rank_alone_disagreeing_about_the_root_fails_everyone(tr, coll):
 
 
 # ---------------------------------------------------------------------------- item 7: threads, order
-def _threads(rank, size, iters):
-    comm = harp.init(timeout=60)
-    wrong, errors, done = [], [], [0, 0]
-
-    def work(tid):
-        n = 16 + tid  # each thread's calls carry their own descriptor (count)
-        for i in range(iters):
-            v = tid * 100000 + i
-            x = np.full(n, v, np.float64)
-            try:
-                comm.allreduce(x)
-            except harp.HarpError as e:
-                errors.append((type(e).__name__, str(e)))
-                return
-            if not np.all(x == size * v):
-                wrong.append((tid, i, float(x[0])))
-            done[tid] += 1
-
-    ts = [threading.Thread(target=work, args=(t,)) for t in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return wrong, errors, done
+# _threads (test_semantics): two threads per rank race on one communicator, each
+# thread's calls with their own count.
 
 
 @pytest.mark.parametrize("tr", TRANSPORTS)
@@ -131,13 +110,13 @@ def test_threads_racing_without_overlap_never_get_a_wrong_result(tr):
     differently raises (MismatchError: the descriptors differ; InvalidArgumentError at an
     overlap; PeerError once a peer broke): 0 wrong results, against about half without
     the checks. Identical calls from two threads cannot be told apart (README, Threading)."""
-    res = run_ranks(2, _threads, 600, env=_env(tr), timeout=180)
-    for wrong, errors, done in res:
+    res = run_ranks(2, _threads, 600, True, env=_env(tr), timeout=180)
+    for wrong, errors in res:
         assert wrong == [], wrong[:12]
         for cls, msg in errors:
             assert cls in ("InvalidArgumentError", "PeerError", "MismatchError"), (cls, msg)
     # the race did happen: some thread on some rank was stopped
-    assert any(errors for _, errors, _ in res), res
+    assert any(errors for _, errors in res), res
 
 
 # ---------------------------------------------------------------------------- item 10: retired store

@@ -280,14 +280,17 @@ def test_abort_fails_the_peers_next_call(tr, n, when):
 
 
 # ---------------------------------------------------------------------------- threads
-def _threads(rank, size, iters):
+def _threads(rank, size, iters, distinct_counts=False):
+    """Two threads per rank race allreduces on one communicator; with distinct_counts each
+    thread's calls carry their own descriptor (count 16 + thread id). (wrong, errors)."""
     comm = harp.init(timeout=60)
     wrong, errors = [], []
 
     def work(tid):
+        n = 16 + tid if distinct_counts else 16
         for i in range(iters):
             v = tid * 100000 + i
-            x = np.full(16, v, np.float64)
+            x = np.full(n, v, np.float64)
             try:
                 comm.allreduce(x)
             except harp.HarpError as e:

@@ -155,7 +155,6 @@ def test_shm_allreduce_chunk_boundaries(nranks):
 
 
 def _late_checker(rank, size, count, rounds):
-    import time
     if rank == 1:  # widens the race: its shm waits sleep between "not yet" and the stray-message check
         os.environ["HARP_SHM_FAULT_CHECK_DELAY_US"] = "4000"
     comm = harp.init()

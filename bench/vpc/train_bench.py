@@ -59,6 +59,12 @@ def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=(), 
     return rec
 
 
+def _spread(recs):
+    """samples/s of a list of train() records: median, min and max."""
+    sps = [r["samples_per_s"] for r in recs]
+    return {"samples_per_s_median": statistics.median(sps), "min": min(sps), "max": max(sps)}
+
+
 def scaling(a, name, hosts_list):
     runs = {b: {h: [] for h in hosts_list} for b in ("gloo", "harp")}
     for rep in range(a.repeat):
@@ -67,13 +73,12 @@ def scaling(a, name, hosts_list):
                 runs[b][h].append(train(name, h, b, "harp", a.steps, a.warmup))
     summary = {}
     for b, by_h in runs.items():
-        base = statistics.median(r["samples_per_s"] for r in by_h[hosts_list[0]]) * 1.0
+        base = _spread(by_h[hosts_list[0]])["samples_per_s_median"]
         summary[b] = {}
         for h, recs in by_h.items():
-            sps = [r["samples_per_s"] for r in recs]
-            med = statistics.median(sps)
-            summary[b][h] = {"samples_per_s_median": med, "min": min(sps), "max": max(sps),
-                             "efficiency_vs_1_host": med / (h * base) if hosts_list[0] == 1 else None}
+            sp = _spread(recs)
+            summary[b][h] = {**sp, "efficiency_vs_1_host": sp["samples_per_s_median"] / (h * base)
+                             if hosts_list[0] == 1 else None}
     print("## DDP MLP 25.2 M params, batch 16/rank: samples/s (median, min..max) and scaling efficiency")
     for b, rows in summary.items():
         for h, s in rows.items():
@@ -89,7 +94,7 @@ HIER_VARIANTS = {"gloo": ("gloo", {}), "harp-flat": ("harp", {"HARP_HIER": "0"})
 
 
 def hier_study(a, name, hosts):
-    """samples/s per variant at hosts x a.ppn, interleaved per repetition, and at hosts x 1 for scaling."""
+    """samples/s per variant at hosts x a.ppn, interleaved per repetition."""
     variants = a.variants.split(",")
     runs = {v: [] for v in variants}
     for _ in range(a.repeat):
@@ -98,12 +103,10 @@ def hier_study(a, name, hosts):
             runs[v].append(train(name, hosts, backend, "harp", a.steps, a.warmup, ppn=a.ppn, env_extra=env,
                                  extra=_common(a)))
     summary = {}
-    flat = statistics.median(r["samples_per_s"] for r in runs["harp-flat"]) if "harp-flat" in runs else None
+    flat = _spread(runs["harp-flat"])["samples_per_s_median"] if "harp-flat" in runs else None
     for v, rs in runs.items():
-        sps = [r["samples_per_s"] for r in rs]
-        med = statistics.median(sps)
-        summary[v] = {"samples_per_s_median": med, "min": min(sps), "max": max(sps),
-                      "x_harp_flat": med / flat if flat else None,
+        sp = _spread(rs)
+        summary[v] = {**sp, "x_harp_flat": sp["samples_per_s_median"] / flat if flat else None,
                       "final_loss": [r["final_loss"] for r in rs]}
     print(f"## DDP at {hosts} hosts x {a.ppn} ranks: samples/s median (min..max), x HARP flat")
     for v, s_ in summary.items():
@@ -134,10 +137,10 @@ def bucket_caps(a, name, hosts):
         for c in caps:
             runs[c].append(train(name, hosts, "harp", "harp", a.steps, a.warmup,
                                  extra=["--bucket-cap-mb", str(c)] + _common(a)))
-    med = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
-    summary = {c: {"samples_per_s_median": med[c], "min": min(r["samples_per_s"] for r in runs[c]),
-                   "max": max(r["samples_per_s"] for r in runs[c]), "ratio_to_last_cap": med[c] / med[caps[-1]]}
-               for c in caps}
+    summary = {c: _spread(runs[c]) for c in caps}
+    last = summary[caps[-1]]["samples_per_s_median"]
+    for s_ in summary.values():
+        s_["ratio_to_last_cap"] = s_["samples_per_s_median"] / last
     print("## DDP on HARP by bucket_cap_mb: samples/s median (min..max), ratio to the last cap")
     for c, s in summary.items():
         print(f"{c:>6} MB {s['samples_per_s_median']:8.2f} ({s['min']:.2f}..{s['max']:.2f}) {s['ratio_to_last_cap']:.3f}")
