@@ -240,6 +240,70 @@ def test_worker_check_counts_wrong_values_of_any_library(coll, form, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"wrong: 96 B {'in-place' if form == 'ip' else 'out-of-place'}:")
 
 
+def _reference(coll, nranks, rank, dtype, ns, nr, op, root):
+    """The whole-buffer expected output, written independently of check.py's chunked one."""
+    from harp.bench import sweep
+
+    ins = []
+    for r in range(nranks):
+        v = np.empty(ns, dtype=dtype)
+        sweep.fill(v, r)
+        ins.append(v.astype(np.float64))
+    st = np.stack(ins)
+    red = {"sum": st.sum(0), "prod": st.prod(0), "min": st.min(0), "max": st.max(0),
+           "avg": np.trunc(st.sum(0) / nranks) if np.issubdtype(dtype, np.integer) else st.sum(0) / nranks}[op]
+    return {"allreduce": red, "reduce": red if rank == root else None,
+            "reduce_scatter": red[rank * nr:(rank + 1) * nr], "broadcast": ins[root],
+            "allgather": np.concatenate(ins),
+            "alltoall": np.concatenate([ins[q][rank * (ns // nranks):(rank + 1) * (ns // nranks)]
+                                        for q in range(nranks)])}[coll]
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+def test_chunked_check_matches_the_whole_buffer_reference_across_chunk_edges(coll, op, monkeypatch):
+    from harp.bench import check
+
+    monkeypatch.setattr(check, "CHUNK", 7)  # many chunk edges, inside and across rank blocks
+    n, nr = 3, 17
+    ns = nr * n if coll in ("reduce_scatter", "alltoall") else 19
+    for dtype in (np.float32, np.int32, np.float16):
+        for rank in range(n):
+            ref = _reference(coll, n, rank, np.dtype(dtype), ns, nr, op, 2)
+            exp = check.expected(coll, n, rank, np.dtype(dtype), ns, nr, op, 2)
+            if ref is None:
+                assert exp is None
+                assert check.count_wrong(np.zeros(1), coll, n, rank, dtype, ns, nr, op, 2) == (0, "")
+                continue
+            np.testing.assert_array_equal(exp, ref)
+            out = ref.astype(dtype)
+            assert check.count_wrong(out, coll, n, rank, dtype, ns, nr, op, 2) == (0, "")
+            out[[1, ref.size - 1]] += 3  # two wrong values, one in the last chunk
+            k, note = check.count_wrong(out, coll, n, rank, dtype, ns, nr, op, 2)
+            assert k == 2 and note.startswith("first wrong: [1] ="), (k, note)
+            assert check.count_wrong(out[:-1], coll, n, rank, dtype, ns, nr, op, 2)[1].startswith("output has")
+
+
+def test_the_check_of_a_large_many_rank_call_holds_little_memory():
+    """A 16-rank check of 4 MB of float32 must not hold every rank's input (16 x 8 MB as float64):
+    the 8 x 2 hierarchy bench was OOM-killed by a check that did."""
+    import tracemalloc
+
+    from harp.bench import check, sweep
+
+    n, count = 16, 1 << 20
+    out = np.zeros(count, np.float32)
+    for r in range(n):
+        out += sweep.fill_values(0, count, r, np.float32)
+    tracemalloc.start()
+    try:
+        assert check.count_wrong(out, "allreduce", n, 3, np.float32, count, count, "sum", 0) == (0, "")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * check.CHUNK * 8, f"the check held {peak / 1e6:.1f} MB"
+
+
 def test_a_rank_that_reports_nothing_is_a_failure(tmp_path):
     from harp.bench import check
 

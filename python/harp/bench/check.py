@@ -26,51 +26,98 @@ import numpy as np
 from . import sweep
 
 
-def expected(coll, nranks, rank, dtype, count_send, count_recv, op, root):
-    """Expected output of one call on `rank`, from the fill() inputs of every rank (float64);
-    None where the rank has no defined output (reduce on a non-root)."""
-    ins = []
-    for r in range(nranks):
-        v = np.empty(count_send, dtype=dtype)
-        sweep.fill(v, r)
-        ins.append(v.astype(np.float64))
-    if coll in ("allreduce", "reduce", "reduce_scatter"):
-        if coll == "reduce" and rank != root:
-            return None
-        red = _reduce(np.stack(ins), op, nranks, dtype)
-        if coll == "reduce_scatter":
-            return red[rank * count_recv:(rank + 1) * count_recv]
-        return red
+# Values compared per step: the check regenerates every rank's input slice by slice (sweep.fill_values)
+# so its memory stays a few MB whatever the message size and rank count (holding every rank's input as
+# float64 made a 16-rank 32 MB run need 2.3 GB per rank).
+CHUNK = 1 << 18
+
+
+def _segments(coll, nranks, rank, count_send, count_recv, root):
+    """Where one call's output on `rank` comes from: (output offset, length, source rank or None for
+    "the reduction over every rank", offset in the source input). [] where the rank has no defined
+    output (reduce on a non-root)."""
+    if coll in ("allreduce", "reduce"):
+        return [] if coll == "reduce" and rank != root else [(0, count_send, None, 0)]
+    if coll == "reduce_scatter":
+        return [(0, count_recv, None, rank * count_recv)]
     if coll == "broadcast":
-        return ins[root]
+        return [(0, count_send, root, 0)]
     if coll == "allgather":
-        return np.concatenate(ins)
+        return [(q * count_send, count_send, q, 0) for q in range(nranks)]
     if coll == "alltoall":
         per = count_send // nranks
-        return np.concatenate([ins[q][rank * per:(rank + 1) * per] for q in range(nranks)])
+        return [(q * per, per, q, rank * per) for q in range(nranks)]
     raise ValueError(f"harp-bench: no expected value for collective '{coll}'")
 
 
-def _reduce(stack, op, nranks, dtype):
+def _expected_slice(src, lo, n, nranks, dtype, op):
+    """float64 expected values of input elements lo..lo+n-1 of rank `src`, or of their reduction."""
+    def inp(r):
+        return sweep.fill_values(lo, lo + n, r, dtype).astype(np.float64)
+    if src is not None:
+        return inp(src)
+    acc = inp(0)
+    for r in range(1, nranks):
+        x = inp(r)
+        if op in ("sum", "avg"):
+            acc += x
+        elif op == "prod":
+            acc *= x
+        elif op == "min":
+            np.minimum(acc, x, out=acc)
+        elif op == "max":
+            np.maximum(acc, x, out=acc)
+        else:
+            raise ValueError(f"harp-bench: unknown op '{op}'")
     if op == "avg":
-        s = stack.sum(0) / nranks
-        return np.trunc(s) if np.issubdtype(dtype, np.integer) else s
-    return {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0)}[op]
+        acc /= nranks
+        if np.issubdtype(dtype, np.integer):
+            np.trunc(acc, out=acc)
+    return acc
 
 
-def count_wrong(out, exp, dtype):
-    """(number of wrong values, "first wrong: [i] = got, expected exp" or "") for one output."""
-    if exp is None:
+def _chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root):
+    """(output offset, float64 expected values) in pieces of at most CHUNK values."""
+    for out_off, length, src, src_off in _segments(coll, nranks, rank, count_send, count_recv, root):
+        for i in range(0, length, CHUNK):
+            n = min(CHUNK, length - i)
+            yield out_off + i, _expected_slice(src, src_off + i, n, nranks, dtype, op)
+
+
+def expected(coll, nranks, rank, dtype, count_send, count_recv, op, root):
+    """Expected output of one call on `rank`, from the fill() inputs of every rank (float64);
+    None where the rank has no defined output (reduce on a non-root). Whole-array form of
+    count_wrong's check, for small sizes and tests."""
+    parts = list(_chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root))
+    if not parts and not _segments(coll, nranks, rank, count_send, count_recv, root):
+        return None
+    return np.concatenate([p for _, p in parts]) if parts else np.zeros(0)
+
+
+def _length(coll, nranks, rank, count_send, count_recv, root):
+    return sum(n for _, n, _, _ in _segments(coll, nranks, rank, count_send, count_recv, root))
+
+
+def count_wrong(out, coll, nranks, rank, dtype, count_send, count_recv, op, root):
+    """(number of wrong values, "first wrong: [i] = got, expected exp" or "") for one call's output on
+    `rank`, compared chunk by chunk against the expected values (see expected())."""
+    if not _segments(coll, nranks, rank, count_send, count_recv, root):
         return 0, ""
-    got = np.asarray(out).reshape(-1)[: exp.size].astype(np.float64)
-    if got.size != exp.size:
-        return exp.size, f"output has {got.size} values, expected {exp.size}"
-    bad = ~np.isclose(got, exp, rtol=1e-2 if np.dtype(dtype).itemsize <= 2 else 1e-5)
-    n = int(np.count_nonzero(bad))
-    if not n:
-        return 0, ""
-    i = int(np.flatnonzero(bad)[0])
-    return n, f"first wrong: [{i}] = {float(got[i]):g}, expected {float(exp[i]):g}"
+    flat = np.asarray(out).reshape(-1)
+    need = _length(coll, nranks, rank, count_send, count_recv, root)
+    if flat.size < need:
+        return need, f"output has {flat.size} values, expected {need}"
+    rtol = 1e-2 if np.dtype(dtype).itemsize <= 2 else 1e-5
+    n, first = 0, ""
+    for off, exp in _chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root):
+        got = flat[off:off + exp.size].astype(np.float64)
+        bad = ~np.isclose(got, exp, rtol=rtol)
+        k = int(np.count_nonzero(bad))
+        if k and not first:
+            i = int(np.flatnonzero(bad)[0])
+            first = f"first wrong: [{off + i}] = {float(got[i]):g}, expected {float(exp[i]):g}"
+        n += k
+    return n, first
 
 
 def rank_file(out, rank):

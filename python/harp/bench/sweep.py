@@ -74,14 +74,18 @@ def parse_size(s):
     return int(float(s) * mult)
 
 
+def fill_values(lo, hi, rank, dtype, seed=0):
+    """Elements lo..hi-1 of what fill() puts in a buffer of `dtype` on `rank` (so a checker can
+    regenerate any slice of any rank's input without holding the whole buffer)."""
+    vals = (np.arange(lo, hi, dtype=np.int64) * 7 + rank * 3 + seed) % 5 + 1
+    if np.dtype(dtype) == np.bool_:
+        return (vals % 2).astype(bool)
+    return vals.astype(dtype)
+
+
 def fill(buf, rank, seed=0):
     """Small integers (exact in every dtype) that differ per rank and element."""
-    n = buf.size
-    vals = (np.arange(n, dtype=np.int64) * 7 + rank * 3 + seed) % 5 + 1
-    if buf.dtype == np.bool_:
-        buf[...] = (vals % 2).astype(bool)
-    else:
-        buf[...] = vals.astype(buf.dtype)
+    buf[...] = fill_values(0, buf.size, rank, buf.dtype, seed).reshape(buf.shape)
 
 
 def header(coll, nranks, dtype_name, op, root, iters, warmup, label="harp"):
