@@ -57,6 +57,10 @@ def test_one_flow_capped_several_add_up_one_throttled():
         three = _flows(st, 3, sport=42000, port=5002)
         assert three[1] <= 1.2 * 10e6, three  # the throttled flow
         assert max(three[0], three[2]) > 1.5 * 10e6, three  # the others are not
+        assert max(three[0], three[2]) <= 1.2 * CAP, three  # ... and keep their own cap
+        net.throttle_flow(st, 0, 43001, 5003, "10mbit")  # moving the throttle leaves the caps too
+        one = _flows(st, 1, sport=44000, port=5003)
+        assert 1.5 * 10e6 < one[0] <= 1.2 * CAP, one
     finally:
         problems = net.down(st)
     assert problems == []

@@ -55,6 +55,9 @@ def _tbf(dev, rate, ns):
 
 
 FLOW_BUCKETS = 16  # classes of the per-flow cap; see _flow_capped
+# u32 filter priorities of the per-flow cap (lower runs first). Never 0: to tc, prio 0 means "any"
+# (a `filter del ... prio 0` deletes every filter, the hash tree included).
+THROTTLE_PRIO, HASH_PRIO = 1, 2
 
 
 def _tc_batch(lines, ns):
@@ -71,6 +74,7 @@ def flow_cap_commands(dev, rate, cap):
     FLOW_BUCKETS classes 1:10..1:1f, each capped at `cap`, by two u32 hash levels: the low 4 bits
     of the source port pick a table, the low 4 bits of the destination port a bucket in it, and
     bucket (s, d) feeds class s XOR d. This kernel has htb and u32 but no fq/sfq-per-flow rate.
+    The hash filters sit at prio HASH_PRIO; throttle_flow's one-flow filter at THROTTLE_PRIO, before them.
 
     Collisions: two flows whose (sport ^ dport) & 15 are equal share one cap (u32 hashes only
     masked bits, no full 4-tuple hash). The lanes of one HARP pair share one port (the
@@ -82,17 +86,17 @@ def flow_cap_commands(dev, rate, cap):
            f"class add dev {dev} parent 1:1 classid 1:2 htb rate {rate}"]
     for c in range(FLOW_BUCKETS):
         out.append(f"class add dev {dev} parent 1:1 classid 1:{0x10 + c:x} htb rate {cap} ceil {cap}")
-    out.append(f"filter add dev {dev} parent 1: prio 1 handle 100: protocol ip u32 divisor 16")
+    out.append(f"filter add dev {dev} parent 1: prio {HASH_PRIO} handle 100: protocol ip u32 divisor 16")
     for sp in range(16):
-        out.append(f"filter add dev {dev} parent 1: prio 1 handle {0x200 + sp:x}: protocol ip u32 divisor 16")
+        out.append(f"filter add dev {dev} parent 1: prio {HASH_PRIO} handle {0x200 + sp:x}: protocol ip u32 divisor 16")
     # TCP without IP options (ports at byte 20): hash on the source port's low nibble
-    out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff "
+    out.append(f"filter add dev {dev} parent 1: prio {HASH_PRIO} protocol ip u32 ht 800:: match ip protocol 6 0xff "
                f"match u8 0x05 0x0f at 0 hashkey mask 0x000f0000 at 20 link 100:")
     for sp in range(16):
-        out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 100:{sp:x}: match u32 0 0 "
+        out.append(f"filter add dev {dev} parent 1: prio {HASH_PRIO} protocol ip u32 ht 100:{sp:x}: match u32 0 0 "
                    f"hashkey mask 0x0000000f at 20 link {0x200 + sp:x}:")
         for dp in range(16):
-            out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht {0x200 + sp:x}:{dp:x}: "
+            out.append(f"filter add dev {dev} parent 1: prio {HASH_PRIO} protocol ip u32 ht {0x200 + sp:x}:{dp:x}: "
                        f"match u32 0 0 flowid 1:{0x10 + ((sp ^ dp) % FLOW_BUCKETS):x}")
     return out
 
@@ -109,10 +113,11 @@ def throttle_flow(st, host, sport, dport, rate, nic=0):
         raise RuntimeError("harp-cluster throttle: the cluster has no --flow-cap (no htb tree to add to)")
     parse_rate(rate)
     ns, dev = topo.host_ns(st["name"], host), f"eth{nic}"
-    sh("tc", "filter", "del", "dev", dev, "parent", "1:", "prio", "0", ns=ns, check=False)
+    prio = str(THROTTLE_PRIO)
+    sh("tc", "filter", "del", "dev", dev, "parent", "1:", "prio", prio, ns=ns, check=False)
     sh("tc", "class", "del", "dev", dev, "classid", "1:3", ns=ns, check=False)
     sh("tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:3", "htb", "rate", rate, "ceil", rate, ns=ns)
-    sh("tc", "filter", "add", "dev", dev, "parent", "1:", "prio", "0", "protocol", "ip", "u32",
+    sh("tc", "filter", "add", "dev", dev, "parent", "1:", "prio", prio, "protocol", "ip", "u32",
        "match", "ip", "protocol", "6", "0xff", "match", "ip", "sport", int(sport), "0xffff",
        "match", "ip", "dport", int(dport), "0xffff", "flowid", "1:3", ns=ns)
 
