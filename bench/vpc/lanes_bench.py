@@ -221,7 +221,12 @@ def main():
         configs = [c for c in a.configs.split(",") if a.old_python or not c.startswith("old-")]
         for rep in range(a.repeat):
             for cfg in configs:
-                rec = run_config(st, a, cfg, tmp)
+                try:
+                    rec = run_config(st, a, cfg, tmp)
+                except RuntimeError as e:  # one retry: torch's gloo has aborted at start-up here
+                    print(f"# rep {rep} {cfg}: failed, retrying once: {str(e)[-300:]}", flush=True)
+                    record.setdefault("failures", []).append({"rep": rep, "config": cfg, "error": str(e)[-2000:]})
+                    rec = run_config(st, a, cfg, tmp)
                 record["runs"].setdefault(cfg, []).append(rec)
                 med = statistics.median(rec["times_s"])
                 bw = 2 * (a.hosts - 1) / a.hosts * a.bytes / med / 1e6

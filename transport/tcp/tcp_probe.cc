@@ -9,10 +9,13 @@
 // rank reads exactly that many bytes from the k lanes and answers one byte on
 // lane 0. The sender times each round
 // from its first byte to the answer, twice per k (keeping the faster: a rank
-// descheduled on a busy host skews one burst), for k = 1, 2, 4, 8, and stops
-// trying more lanes once the probe has run 2 s. It keeps the smallest k whose rate is within 5% of the
-// best and sends a final round {magic, 0, k}; both ends then close the other
-// lanes. Bounded: at most 8 x HARP_SOCKET_PROBE_BYTES (4M) bytes, each step
+// descheduled on a busy host skews one burst), for k = 8, 4, 2, 1: most lanes
+// first, so every k is measured on lanes whose congestion windows are open
+// (in increasing order the k = 8 round was the first use of lanes 4-7, whose
+// slow start made 8 lanes look no better than 4 with a 4 MB probe), and
+// always at least k = 8 and k = 1; between them it stops once the probe has
+// run 2 s. It keeps the smallest k whose rate is within 5% of the best and
+// sends a final round {magic, 0, k}; both ends then close the other lanes. Bounded: at most 8 x HARP_SOCKET_PROBE_BYTES (4M) bytes, each step
 // within the connect deadline. Logged at INFO with every rate.
 //
 // Called by TcpTransport::connect with the pairs in increasing peer order on
@@ -106,8 +109,14 @@ int TcpTransport::probe(TcpPair& p, Deadline dl) {
     }
   }
   auto start = std::chrono::steady_clock::now();
+  std::vector<size_t> ks;  // most lanes first (see above), 1 always
+  for (size_t k = 1; k <= most; k *= 2) ks.insert(ks.begin(), k);
+  if (ks.front() != most) ks.insert(ks.begin(), most);
   std::vector<std::pair<size_t, double>> rates;  // (lanes, bytes/s)
-  for (size_t k = 1; k <= most; k *= 2) {
+  for (size_t k : ks) {
+    if (k != most && k != 1 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kProbeBudgetS)
+      continue;
     double best_s = 1e30;
     for (int rep = 0; rep < kProbeRepeats; ++rep) {  // best of a few: a descheduled rank skews one burst
       auto t0 = std::chrono::steady_clock::now();
@@ -117,8 +126,7 @@ int TcpTransport::probe(TcpPair& p, Deadline dl) {
         throw Error(Error::kPeerFailure, p.who() + " closed its TCP connection during the lane probe");
       best_s = std::min(best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    rates.push_back({k, bytes / std::max(best_s, 1e-9)});
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kProbeBudgetS) break;
+    rates.insert(rates.begin(), {k, bytes / std::max(best_s, 1e-9)});  // kept in increasing k
   }
   double best = 0;
   for (auto& [k, r] : rates) best = std::max(best, r);
