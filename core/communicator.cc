@@ -311,7 +311,10 @@ std::vector<std::vector<std::string>> Communicator::exchangeHostInfo(const Plan&
 
 // Ranks sharing a machine's CPUs with more ranks than it has cores must not
 // spin long while waiting: the peer they wait for needs the core (measured on 2
-// cores, 4 ranks, 8-byte allreduce over TCP: 64 polls ~150 us, 16 polls ~85 us).
+// cores, 4 ranks, 8-byte allreduce over TCP: 64 polls ~150 us, 16 polls ~85 us;
+// later, quiet, 2000 calls x 3 runs: 16 polls 56-59 us, 4 polls 47-48 us, 1 poll 48-56 us;
+// VPC arena, 8 one-rank hosts, 500 calls x 5 runs: 16 polls 340 us median,
+// 4 polls 273 us, Open MPI 298 us; bench/RESULTS-vpc.md, session 6).
 // The CPUs are the kernel's, so ranks count alike when their host keys share
 // the boot id, even if namespaces make them different hosts for shared memory
 // (containers, the VPC arena: there 4 one-rank hosts on 2 cores at 64 polls ran
@@ -326,7 +329,7 @@ void Communicator::adaptSpin() {
     int local = 0;
     const std::string mine = machineOf(peers_[rank_].host_id);
     for (const auto& p : peers_) local += machineOf(p.host_id) == mine;
-    if (local > env::availableCpus()) res_.spin = 16;
+    if (local > env::availableCpus()) res_.spin = 4;
   }
   HARP_INFO_S(LogSubsys::kInit, "comm rank %d: %d polls before yielding (HARP_SPIN), none above %zu pending bytes",
               rank_, res_.spin, res_.spin_bytes);

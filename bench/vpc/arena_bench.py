@@ -12,6 +12,11 @@ MASTER_ADDR/RANK the launcher also sets, GLOO_SOCKET_IFNAME=eth0), Open MPI
 (8 B, --lat-iters) and bandwidth (1 MB .. 64 MB x4, --bw-iters). Reports
 median and spread over repetitions, busbw in MB/s and as a fraction of the
 link rate. Writes one JSON with a provenance stamp.
+
+    python3 bench/vpc/arena_bench.py --name lat8 --hosts 8 --no-bw --repeat 3 \
+        --libs mpi,harp,harp@HARP_SPIN=256 --out bench/vpc/results/lat8.json
+
+compares settings of one library in the same run (LIB@VAR=V+VAR2=V2).
 """
 from __future__ import annotations
 
@@ -41,8 +46,20 @@ def worker_args(out, minb, maxb, factor, iters, warmup):
             "transport": None, "out": out, "progress": False}
 
 
-def run_lib(name, lib, hosts, wargs, timeout):
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+def split_lib(spec):
+    """"harp@HARP_SPIN=256+HARP_SPIN_BYTES=1K" -> ("harp", {"HARP_SPIN": "256", ...}): a library run
+    with extra environment (a variant of its settings, in the same run as the others)."""
+    lib, _, extra = spec.partition("@")
+    env = dict(kv.split("=", 1) for kv in extra.split("+")) if extra else {}
+    if lib not in LIBS:
+        raise SystemExit(f"arena_bench: unknown library '{lib}' in '{spec}' (known: {', '.join(LIBS)})")
+    return lib, env
+
+
+def run_lib(name, spec, hosts, wargs, timeout):
+    lib, extra = split_lib(spec)
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
+               **extra)
     cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher",
            LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m", "harp.bench.workers", lib,
            json.dumps(wargs)]
@@ -77,7 +94,10 @@ def main():
     ap.add_argument("--hosts", default="2,4")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--libs", default="harp,gloo,mpi")
+    ap.add_argument("--libs", default="harp,gloo,mpi",
+                    help="libraries, in run order; LIB@VAR=V+VAR2=V2 runs LIB with extra environment "
+                         "(e.g. harp@HARP_SPIN=256), reported under that whole name")
+    ap.add_argument("--no-bw", action="store_true", help="latency (8 B) only")
     ap.add_argument("--lat-iters", type=int, default=200)
     ap.add_argument("--bw-iters", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=600)
@@ -102,9 +122,12 @@ def main():
             for rep in range(a.repeat):
                 for lib in libs:
                     times = {}
-                    for tag, (mn, mx, f, it, wu) in {"lat": (8, 8, 2, a.lat_iters, 20),
-                                                     "bw": (1 << 20, 64 << 20, 4, a.bw_iters, 2)}.items():
-                        wa = worker_args(os.path.join(tmp, f"{lib}-{h}-{rep}-{tag}.json"), mn, mx, f, it, wu)
+                    sweeps = {"lat": (8, 8, 2, a.lat_iters, 20), "bw": (1 << 20, 64 << 20, 4, a.bw_iters, 2)}
+                    if a.no_bw:
+                        del sweeps["bw"]
+                    for tag, (mn, mx, f, it, wu) in sweeps.items():
+                        wa = worker_args(os.path.join(tmp, f"{libs.index(lib)}-{h}-{rep}-{tag}.json"),
+                                         mn, mx, f, it, wu)
                         res = run_lib(a.name, lib, h, wa, a.timeout)
                         wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
                         if wrong:
