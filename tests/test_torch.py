@@ -95,6 +95,25 @@ def _init_spec(rank, size, url, spec):
     tc.init(rank, size, url, backend=spec)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_sparse_allreduce_sums_every_ranks_entries_identically_everywhere(nranks, tmp_path):
+    res = run_ranks(nranks, tc.sparse_allreduce, _url(tmp_path), timeout=200)
+    for r, (bad, _) in enumerate(res):
+        assert bad == [], (r, bad)
+    for r in range(1, nranks):  # bitwise the same tensor on every rank, for every call
+        assert res[r][1] == res[0][1]
+
+
+def test_sparse_allreduce_of_different_shapes_or_dtypes_fails_on_every_rank(tmp_path):
+    res = run_ranks(3, tc.sparse_mismatch, _url(tmp_path), timeout=200)
+    for msgs, dense_ok in res:
+        assert msgs == ["harp allreduce: sparse tensors differ across ranks: shape [13, 5, 3] on rank 0, "
+                        "[13, 6, 3] on rank 2",
+                        "harp allreduce: sparse tensors differ across ranks: dtype is torch.float32 on rank 0, "
+                        "torch.float64 on rank 2"], msgs
+        assert dense_ok
+
+
 def test_local_errors_are_clear_and_group_survives(tmp_path):
     res = run_ranks(2, tc.errors_local, _url(tmp_path), timeout=200)
     for r in res:

@@ -499,7 +499,7 @@ def errors_local(rank, size, url):
     msgs = []
     for fn in (lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
                lambda: dist.all_reduce(torch.empty(2, device="meta")),
-               lambda: dist.all_reduce(torch.eye(3).to_sparse())):
+               lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=R.MAX)):
         try:
             fn()
             msgs.append("no error")
@@ -540,3 +540,61 @@ def cuda_ops(rank, size, url):
         bad.append(f"rank {rank}: cuda future {v}")
     dist.destroy_process_group()
     return bad
+
+
+def sparse_input(rank, dtype, shape=(13, 5, 3), sparse_dim=2):
+    """Rank r's sparse COO input: overlapping indices across ranks, duplicates within a rank (so the
+    input is uncoalesced), nnz differing per rank and none on rank 1; dense part of shape[sparse_dim:]."""
+    g = torch.Generator().manual_seed(100 + rank)
+    nnz = 0 if rank == 1 else 4 + 3 * rank
+    idx = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dim)])
+    vals = torch.randint(-5, 6, (nnz,) + tuple(shape[sparse_dim:]), generator=g).to(dtype)
+    return torch.sparse_coo_tensor(idx, vals, shape)
+
+
+def sparse_allreduce(rank, size, url):
+    """Sparse allreduce (issue 17): SUM and AVG, sync and async, 4 dtypes, against the sum of the dense
+    forms of every rank's input; returns (failures, every result's bytes) for the cross-rank check."""
+    init(rank, size, url)
+    bad, outs = [], []
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
+        for op in (R.SUM, R.AVG):
+            for asyn in (False, True):
+                t = sparse_input(rank, dtype)
+                exp = sum(sparse_input(r, dtype).to_dense().double() for r in range(size))
+                if op == R.AVG:
+                    exp = torch.trunc(exp / size) if dtype == torch.int64 else exp / size
+                w = dist.all_reduce(t, op=op, async_op=asyn)
+                if asyn:
+                    w.wait()
+                    if not (w.result()[0] is t):
+                        bad.append(f"{dtype} {op} async: result() is not the input tensor")
+                tol = 0.05 if dtype == torch.bfloat16 else 1e-6
+                if not t.is_sparse or not torch.allclose(t.to_dense().double(), exp, atol=tol, rtol=tol):
+                    bad.append(f"{dtype} {op} async={asyn}: wrong result {t}")
+                c = t.coalesce()
+                outs.append((c.indices().numpy().tobytes(), c.values().view(torch.uint8).numpy().tobytes()))
+    # a dense allreduce afterwards still works (same communicator, issue order kept)
+    d = torch.ones(5)
+    dist.all_reduce(d)
+    if not torch.all(d == size):
+        bad.append(f"dense allreduce after sparse: {d}")
+    dist.destroy_process_group()
+    return bad, outs
+
+
+def sparse_mismatch(rank, size, url):
+    """Ranks whose sparse tensors differ in shape: the same ValueError on every rank, then the group works."""
+    init(rank, size, url)
+    msgs = []
+    for t in (sparse_input(0, torch.float32, shape=(13, 5, 3) if rank != size - 1 else (13, 6, 3)),
+              sparse_input(0, torch.float32 if rank != size - 1 else torch.float64)):
+        try:
+            dist.all_reduce(t)
+            msgs.append("no error")
+        except ValueError as e:
+            msgs.append(str(e))
+    d = torch.ones(2)
+    dist.all_reduce(d)
+    dist.destroy_process_group()
+    return msgs, bool(torch.all(d == size))

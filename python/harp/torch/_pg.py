@@ -41,6 +41,7 @@ from .._types import is_int as _is_int
 from ..comm import Communicator
 from ..errors import HarpError
 from ._store import TorchStore
+from ._sparse import sparse_allreduce
 from ._tensors import Staged, UnsupportedError, check_device, harp_op
 from ._work import Completer, HarpWork, backend_error, completed_work
 
@@ -215,6 +216,15 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "allreduce")
+        if t.is_sparse:  # issue 17: sparse_coo, as gloo (harp/torch/_sparse.py)
+            red = getattr(opts.reduceOp, "op", opts.reduceOp)
+            name = getattr(red, "name", str(red)).split(".")[-1]
+            timeout = _secs(opts.timeout)
+
+            def run():
+                sparse_allreduce(self._coll, t, name, timeout if timeout > 0 else None)
+                return []
+            return self._issue("allreduce", run, opts, tensors)
         return self._allreduce_tensor("allreduce", t, opts, tensors)
 
     def _allreduce_tensor(self, opname, t, opts, result):
