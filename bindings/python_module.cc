@@ -292,6 +292,7 @@ PYBIND11_MODULE(_harp, m) {
         q.hosts = hosts;  // Topology (issue 16)
         q.min_local = min_local;
         q.max_local = max_local;
+        q.blocked = true;  // hosts x ppn: each host's ranks consecutive, as launchers place them
         q.coll = parseColl(coll);
         q.bytes = bytes;
         q.count = bytes / dtypeSize(parseDtype(dtype));

@@ -508,6 +508,7 @@ SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, 
   q.hosts = topo.hosts;  // Topology (issue 16)
   q.min_local = topo.min_local;
   q.max_local = topo.max_local;
+  q.blocked = topo.blocked;
   q.hier_auto = hier;
   return q;
 }

@@ -127,6 +127,8 @@ double predictedSeconds(const Algorithm& a, const SelectQuery& q, const Transpor
     s.local = q.max_local;
     return a.hier_cost(static_cast<double>(q.bytes), s, q.intra, q.inter);
   }
+  if (a.flat_hier_cost && q.hosts >= 2 && q.max_local >= 2 && q.min_local == q.max_local && q.blocked)
+    return a.flat_hier_cost(static_cast<double>(q.bytes), HierShape{q.hosts, q.max_local}, q.intra, q.inter);
   if (!a.cost) return std::numeric_limits<double>::infinity();
   return a.cost(static_cast<double>(q.bytes), q.ranks, t);
 }

@@ -17,6 +17,9 @@
 //              never). The inputs are the host map and the calibration, the
 //              same on every rank, so every rank decides alike. The tuning
 //              table's flat rows keep deciding among flat algorithms.
+//              A flat algorithm that declares flat_hier_cost is costed with
+//              it on equal hosts of consecutive ranks (recursive doubling:
+//              its first log2 L rounds stay inside a host), in 3 and here.
 // A user choice that fails a restriction falls back like a table row (MPICH's
 // default, MPIR_CVAR_COLLECTIVE_FALLBACK=silent, and NCCL's for NCCL_ALGO),
 // and the communicator logs the reason once at WARN level; --explain shows it.
@@ -57,6 +60,7 @@ struct SelectQuery {
   // Topology (issue 16): the host map, the same on every rank (core/topology.h).
   int hosts = 1;
   int min_local = 1, max_local = 1;  // ranks on the smallest / largest host
+  bool blocked = false;              // every host's ranks are consecutive (launchers' block placement)
   bool hier_auto = true;             // HARP_HIER: the selector may pick hierarchical algorithms itself
   // Parameters of the legs inside / between hosts for HierCostFn; selectAlgorithm
   // fills them from the calibration (shm's and tcp's lines).

@@ -30,6 +30,7 @@ Topology Topology::fromPeers(const std::vector<transport::PeerInfo>& peers, cons
   for (const auto& h : t.ranks_of) {
     t.min_local = std::min(t.min_local, static_cast<int>(h.size()));
     t.max_local = std::max(t.max_local, static_cast<int>(h.size()));
+    for (size_t i = 1; i < h.size(); ++i) t.blocked = t.blocked && h[i] == h[i - 1] + 1;
   }
   t.nics = nics;
   t.nics.resize(t.size);

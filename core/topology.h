@@ -46,6 +46,7 @@ struct Topology {
   int size = 1;
   int hosts = 1;
   int min_local = 1, max_local = 1;  // ranks on the smallest / largest host
+  bool blocked = true;                // every host's ranks are consecutive (block placement)
   std::vector<int> host_of, local_rank_of;       // by rank
   std::vector<std::vector<int>> ranks_of;        // by host
   std::vector<std::string> host_ids, hostnames;  // by host

@@ -244,6 +244,26 @@ def test_explain_picks_rail_for_large_messages_on_2x2_and_says_why(monkeypatch):
     assert pick != "rail" and re.search(r"^  rail .*failed: needs the same rank count", out, re.M), out
 
 
+def test_small_messages_on_block_placed_hosts_keep_recursive_doubling():
+    """2x2 and 4x2 at 8 B: recursive doubling's first log2 L rounds stay inside a host, so it crosses the
+    network log2 H times, as leader does, without leader's intra reduce and broadcast: the model keeps it
+    (the arena sweep measured it below leader at 2x2, 8 B-2 KB). Larger messages put L x n on a host's
+    uplink per round, and a hierarchical algorithm wins again."""
+    for ppn in ([2, 2], [2, 2, 2, 2]):
+        pick, why, out = explain_pick("allreduce", "8", ppn)
+        assert pick == "recursive_doubling" and seconds(out, "recursive_doubling") < seconds(out, "leader"), out
+        assert explain_pick("allreduce", "256K", ppn)[0] in ("leader", "rail")
+
+
+def test_runtime_costs_recursive_doubling_by_host_only_for_consecutive_ranks():
+    """Interleaved placement (h0 h1 h0 h1) puts recursive doubling's first round across hosts: then every
+    round is costed as a network hop, as before, and leader stays the 8-byte pick."""
+    blocked = run_ranks(4, _picks, hosts_env([2, 2]), {}, timeout=120)
+    mixed = run_ranks(4, _picks, ["h0", "h1", "h0", "h1"], {}, timeout=120)
+    assert [r[2] for r in blocked] == ["recursive_doubling"] * 4, blocked
+    assert [r[2] for r in mixed] == ["leader"] * 4, mixed
+
+
 def seconds(out, name):
     m = re.search(rf"^  {name} .*?([\d.]+) (s|ms|us|ns)  ", out, re.M)
     return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]

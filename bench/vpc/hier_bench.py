@@ -102,7 +102,10 @@ def sweep_shape(a, hosts, ppn, tmp):
     minb, maxb = sweep.parse_size(lo), sweep.parse_size(hi)
     times, algos = {v: {} for v in SWEEP_VARIANTS}, {}
     for rep in range(a.repeat):
-        for v in SWEEP_VARIANTS:
+        # Each repetition starts with another variant: on 2 shared cores the first job of a repetition
+        # ran its small sizes up to 2x faster or slower than the same job later (a position effect).
+        k = rep % len(SWEEP_VARIANTS)
+        for v in SWEEP_VARIANTS[k:] + SWEEP_VARIANTS[:k]:
             lib, algo = VARIANTS[v]
             rows = run_rows(a.name, lib, algo, hosts, ppn, minb, maxb, int(f), a.sweep_iters,
                             os.path.join(tmp, f"sweep-{v}-{hosts}x{ppn}-{rep}.json"), a.timeout)

@@ -64,6 +64,10 @@ struct AlgorithmSpec {
   CostFn cost = nullptr;  // nullptr: never picked by the cost model
   const char* fallback = nullptr;  // same collective; used when a restriction fails
   HierCostFn hier_cost = nullptr;  // hierarchical algorithms: used instead of `cost` (issue 16)
+  // A flat algorithm whose rounds fall on hosts in a known way: its cost on hosts of equal,
+  // block-placed ranks (intra rounds on the intra line, inter rounds on the inter line with a
+  // host's ranks sharing its uplink). nullptr: `cost` with the communicator's line for every round.
+  HierCostFn flat_hier_cost = nullptr;
 };
 
 struct Algorithm : AlgorithmSpec {
