@@ -368,6 +368,11 @@ def main(argv=None):
     a = parse(argv)
     if _under_launcher():
         sys.exit(run_under_launcher(a, argv))
+    # Ranks usually outnumber cores here: numpy's OpenBLAS (and OpenMP) worker threads in every rank
+    # would spin next to them (perf: 9% of a 2-rank shm run in blas_thread_server). Every library's
+    # ranks get the same setting unless the user chose one.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     with tempfile.TemporaryDirectory(prefix="harp-bench-") as tmp:
         if a.veth:
             results, failed = run_veth(a, tmp)
