@@ -74,7 +74,8 @@ Context::Context(CommResources& res, int rank, int size, const CollArgs& args, u
       esize_(dtypeSize(args.dtype)) {}
 
 Context::~Context() {
-  for (Request& r : reqs_) {
+  if (!reqs_) return;
+  for (Request& r : *reqs_) {
     if (r.done() || r.peer < 0 || r.peer >= static_cast<int>(res_.transport_of.size())) continue;
     if (transport::Transport* t = res_.transport_of[r.peer])
       t->abort("a collective on rank " + std::to_string(rank_) + " ended with requests still pending");
@@ -86,7 +87,7 @@ Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(
 Request* Context::irecv(int peer, void* buf, size_t bytes) { return irecv(peer, buf, bytes, tag_); }
 
 Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag) {
-  Request& r = reqs_.emplace_back();
+  Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
   r.buf = const_cast<void*>(buf);
   r.len = bytes;
   r.tag = tag;
@@ -96,7 +97,7 @@ Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag) {
 }
 
 Request* Context::irecv(int peer, void* buf, size_t bytes, uint64_t tag) {
-  Request& r = reqs_.emplace_back();
+  Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
   r.buf = buf;
   r.len = bytes;
   r.tag = tag;

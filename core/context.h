@@ -37,6 +37,7 @@
 #pragma once
 
 #include <deque>
+#include <optional>
 #include <initializer_list>
 #include <vector>
 
@@ -109,7 +110,9 @@ class Context {
   double timeout_s_;
   int rank_, size_;
   size_t esize_;
-  std::deque<Request> reqs_;
+  // Made on the first isend/irecv: a default std::deque allocates twice, and algorithms that only use
+  // shared memory (allreduce shm) post no requests (2 fewer mallocs and frees per call).
+  std::optional<std::deque<Request>> reqs_;
   // Descriptor check: peers' descriptors (comm-owned buffer) and their receives.
   const Descriptor* check_mine_ = nullptr;
   std::vector<Request*> check_recvs_, check_sends_;

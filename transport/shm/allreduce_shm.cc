@@ -80,7 +80,10 @@ void allreduceShm(Context& ctx) {
   char* dst = static_cast<char*>(a.recvbuf);
   const uint64_t tag = ctx.tag();
   const double tmo = ctx.timeout();
-  std::vector<transport::shm::CollFlags*> fl(N);
+  // Every rank's flags; on the stack for hosts of up to 16 ranks (no allocation per call).
+  transport::shm::CollFlags* fl_stack[16];
+  std::vector<transport::shm::CollFlags*> fl_heap(N > 16 ? N : 0);
+  transport::shm::CollFlags** fl = N > 16 ? fl_heap.data() : fl_stack;
   for (int q = 0; q < N; ++q) fl[q] = t->collFlags(q);
   transport::shm::CollFlags* mine = fl[me];
 
