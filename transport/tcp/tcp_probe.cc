@@ -15,8 +15,9 @@
 // slow start made 8 lanes look no better than 4 with a 4 MB probe), and
 // always at least k = 8 and k = 1; between them it stops once the probe has
 // run 2 s. It keeps the smallest k whose rate is within 5% of the best and
-// sends a final round {magic, 0, k}; both ends then close the other lanes. Bounded: at most 8 x HARP_SOCKET_PROBE_BYTES (4M) bytes, each step
-// within the connect deadline. Logged at INFO with every rate.
+// sends a final round {magic, 0, k}; both ends then close the other lanes.
+// Bounded: at most 8 x HARP_SOCKET_PROBE_BYTES (4M) bytes, each step within
+// the connect deadline. Logged at INFO with every rate.
 //
 // Called by TcpTransport::connect with the pairs in increasing peer order on
 // every rank, which is one global order of pairs, so probes never wait in a

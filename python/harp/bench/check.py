@@ -76,9 +76,9 @@ def _expected_slice(src, lo, n, nranks, dtype, op):
     return acc
 
 
-def _chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root):
-    """(output offset, float64 expected values) in pieces of at most CHUNK values."""
-    for out_off, length, src, src_off in _segments(coll, nranks, rank, count_send, count_recv, root):
+def _chunks(segments, nranks, dtype, op):
+    """(output offset, float64 expected values) of `segments` (_segments) in pieces of at most CHUNK values."""
+    for out_off, length, src, src_off in segments:
         for i in range(0, length, CHUNK):
             n = min(CHUNK, length - i)
             yield out_off + i, _expected_slice(src, src_off + i, n, nranks, dtype, op)
@@ -88,28 +88,26 @@ def expected(coll, nranks, rank, dtype, count_send, count_recv, op, root):
     """Expected output of one call on `rank`, from the fill() inputs of every rank (float64);
     None where the rank has no defined output (reduce on a non-root). Whole-array form of
     count_wrong's check, for small sizes and tests."""
-    parts = list(_chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root))
-    if not parts and not _segments(coll, nranks, rank, count_send, count_recv, root):
+    segments = _segments(coll, nranks, rank, count_send, count_recv, root)
+    if not segments:
         return None
-    return np.concatenate([p for _, p in parts]) if parts else np.zeros(0)
-
-
-def _length(coll, nranks, rank, count_send, count_recv, root):
-    return sum(n for _, n, _, _ in _segments(coll, nranks, rank, count_send, count_recv, root))
+    parts = [p for _, p in _chunks(segments, nranks, dtype, op)]
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def count_wrong(out, coll, nranks, rank, dtype, count_send, count_recv, op, root):
     """(number of wrong values, "first wrong: [i] = got, expected exp" or "") for one call's output on
     `rank`, compared chunk by chunk against the expected values (see expected())."""
-    if not _segments(coll, nranks, rank, count_send, count_recv, root):
+    segments = _segments(coll, nranks, rank, count_send, count_recv, root)
+    if not segments:
         return 0, ""
     flat = np.asarray(out).reshape(-1)
-    need = _length(coll, nranks, rank, count_send, count_recv, root)
+    need = sum(length for _, length, _, _ in segments)
     if flat.size < need:
         return need, f"output has {flat.size} values, expected {need}"
     rtol = 1e-2 if np.dtype(dtype).itemsize <= 2 else 1e-5
     n, first = 0, ""
-    for off, exp in _chunks(coll, nranks, rank, dtype, count_send, count_recv, op, root):
+    for off, exp in _chunks(segments, nranks, dtype, op):
         got = flat[off:off + exp.size].astype(np.float64)
         bad = ~np.isclose(got, exp, rtol=rtol)
         k = int(np.count_nonzero(bad))

@@ -42,7 +42,7 @@ from ..comm import Communicator
 from ..errors import HarpError
 from ._store import TorchStore
 from ._sparse import sparse_allreduce
-from ._tensors import Staged, UnsupportedError, check_device, harp_op
+from ._tensors import Staged, UnsupportedError, check_device, harp_op, reduce_op_name
 from ._work import Completer, HarpWork, backend_error, completed_work
 
 
@@ -217,9 +217,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
             return d
         t = self._one(tensors, "allreduce")
         if t.is_sparse:  # issue 17: sparse_coo, as gloo (harp/torch/_sparse.py)
-            red = getattr(opts.reduceOp, "op", opts.reduceOp)
-            name = getattr(red, "name", str(red)).split(".")[-1]
-            timeout = _secs(opts.timeout)
+            name, timeout = reduce_op_name(opts.reduceOp), _secs(opts.timeout)
 
             def run():
                 sparse_allreduce(self._coll, t, name, timeout if timeout > 0 else None)

@@ -51,10 +51,15 @@ class UnsupportedError(ValueError):
     pass
 
 
+def reduce_op_name(reduce_op) -> str:
+    """"SUM", "AVG", "PREMUL_SUM", ... of a torch ReduceOp / RedOpType."""
+    red = getattr(reduce_op, "op", reduce_op)
+    return getattr(red, "name", str(red)).split(".")[-1]
+
+
 def harp_op(reduce_op):
     """(harp ReduceOp, premul factor or None) of a torch ReduceOp / RedOpType."""
-    red = getattr(reduce_op, "op", reduce_op)
-    name = getattr(red, "name", str(red)).split(".")[-1]
+    name = reduce_op_name(reduce_op)
     if name == "PREMUL_SUM":
         return ReduceOp.SUM, reduce_op.factor
     if name not in _OPS:
