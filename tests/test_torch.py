@@ -220,3 +220,14 @@ def test_cuda_absent_is_a_clear_error():
 
     with pytest.raises(UnsupportedError, match="CUDA tensor given but CUDA is not available"):
         check_device(FakeCuda(), "allreduce")
+
+
+def test_sparse_entry_counts_from_peers_are_bounded_by_the_shape():
+    """A peer's announced nnz sizes this rank's receive buffers: negative or more than the shape's
+    sparse positions is refused, naming the rank (harp/torch/_sparse.py)."""
+    from harp.torch._sparse import _bad_nnz
+
+    assert _bad_nnz([3, 0, 65], [13, 5]) is None
+    assert _bad_nnz([3, 66, 1], [13, 5]) == 1
+    assert _bad_nnz([-1, 2], [13, 5]) == 0
+    assert _bad_nnz([0, 2 ** 62], [1 << 20, 1 << 20]) == 1

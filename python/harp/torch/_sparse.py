@@ -6,7 +6,8 @@
 Steps, on every rank of the group's collective communicator, in one issue order:
   1. allgather of a fixed header (nnz, sparse_dim, dense_dim, ndim, dtype id): every rank checks that
      all ranks agree on everything but nnz, and raises the same ValueError naming the first rank that
-     differs (so nobody waits for data of a shape it cannot hold);
+     differs (so nobody waits for data of a shape it cannot hold); after 2, every nnz must fit the
+     shape (0 <= nnz <= the number of sparse positions) before it sizes a receive buffer;
   2. allgather of the shape (ndim int64), checked the same way;
   3. alltoallv of the coalesced indices (nnz x sparse_dim int64) and of the values' bytes, each rank
      sending its whole part to every rank (an allgather with per-rank counts);
@@ -24,6 +25,7 @@ of indices is a large part of the dense tensor, a dense allreduce of the dense f
 """
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -44,6 +46,12 @@ def _field(j, v):
         return str(int(v))
     names = {_dtype_id(d): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
     return names.get(int(v), f"dtype id {int(v)}")
+
+
+def _bad_nnz(nnz, sparse_shape):
+    """The first rank whose entry count a coalesced tensor of that shape cannot have, or None."""
+    most = math.prod(sparse_shape)
+    return next((r for r, n in enumerate(nnz) if not 0 <= n <= most), None)
 
 
 def _first_difference(rows, skip=()):
@@ -77,7 +85,12 @@ def sparse_allreduce(comm, t: torch.Tensor, op_name: str, timeout=None) -> torch
         raise ValueError(f"harp allreduce: sparse tensors differ across ranks: shape {shapes[0].tolist()} on rank 0, "
                          f"{shapes[r].tolist()} on rank {r}")
     nnz = [int(n) for n in heads[:, 0]]
-    total, sd = sum(nnz), c.sparse_dim()
+    sd = c.sparse_dim()
+    bad = _bad_nnz(nnz, list(c.shape[:sd]))
+    if bad is not None:  # a peer's header sizes what this rank allocates: bounded before use
+        raise ValueError(f"harp allreduce: rank {bad} announced {nnz[bad]} sparse entries, outside "
+                         f"[0, {math.prod(c.shape[:sd])}] for shape {list(c.shape)}")
+    total = sum(nnz)
     dense_shape = tuple(c.shape[sd:])
     per_entry = int(np.prod(dense_shape, dtype=np.int64)) * c.element_size()
     if total == 0:
