@@ -141,7 +141,7 @@ void entry(Pickle& p, const Recorder& r, int pg_index, uint64_t id_base, const O
   p.str("time_discovered_completed_ns");
   if (s.t_end) p.integer(static_cast<int64_t>(ticksToEpochNs(s.t_end))); else p.none();
   p.str("duration_ms");
-  if (s.t_end) p.real((s.t_end - s.t_start) * nsPerTick() / 1e6); else p.none();
+  if (s.t_end && s.timed) p.real((s.t_end - s.t_start) * nsPerTick() / 1e6); else p.none();
   p.str("input_sizes"), sizes(p, in);
   p.str("input_dtypes"), dtypes(p, s.dtype);
   p.str("output_sizes"), sizes(p, out);

@@ -134,6 +134,8 @@ std::string metricsJson(const Recorder& r) {
       o += "{\"collective\":" + jsonStr(collName(static_cast<CollType>(c))) + ",\"algorithm\":" +
            jsonStr(algoName(c, a)) + ",\"count\":" + std::to_string(n) +
            ",\"bytes\":" + std::to_string(m.bytes.load(std::memory_order_relaxed)) +
+           ",\"timed\":" + std::to_string(m.timed.load(std::memory_order_relaxed)) +
+           ",\"timed_bytes\":" + std::to_string(m.timed_bytes.load(std::memory_order_relaxed)) +
            ",\"seconds\":" + num(m.ticks.load(std::memory_order_relaxed) * tick_s) + ",\"buckets\":[";
       for (int b = 0; b < kHistBuckets; ++b) {
         // Upper bound of bucket b: 2^(b+1) ticks.
@@ -276,9 +278,15 @@ void observerLoop(int sig_rd, int listen_fd) {
   }
 }
 
-void publisherLoop(double every_s) {
+// Ticks the coarse clock every clock_ms and publishes every every_s.
+void publisherLoop(double every_s, int clock_ms) {
+  using Clock = std::chrono::steady_clock;
+  auto next = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(every_s));
   for (;;) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(every_s));
+    std::this_thread::sleep_for(std::chrono::milliseconds(clock_ms));
+    tickCoarseClock();
+    if (Clock::now() < next) continue;
+    next = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(every_s));
     for (auto& r : liveRecorders()) {
       r->publish(true);
       r->pollDumpRequest();
@@ -311,7 +319,9 @@ void startLocked(State& s) {
     (void)once;
   }
   std::thread(observerLoop, pfd[0], s.listen_fd).detach();
-  std::thread(publisherLoop, env::timeout("HARP_OBS_PUBLISH_S")).detach();
+  tickCoarseClock();
+  const int clock_ms = static_cast<int>(std::clamp<long long>(env::integer("HARP_FR_CLOCK_MS"), 1, 1000));
+  std::thread(publisherLoop, env::timeout("HARP_OBS_PUBLISH_S"), clock_ms).detach();
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ std::string counterKey(int rank) { return "harp.obs.counters." + std::to_string(
 
 }  // namespace
 
+std::atomic<uint64_t> g_coarse_ticks{0};
+
 double nsPerTick() { return calibration().ns_per_tick; }
 
 uint64_t ticksToEpochNs(uint64_t t) {
@@ -84,53 +86,19 @@ Recorder::Recorder(Identity id, size_t entries, std::shared_ptr<Store> store)
   hot_.ring = ring_.data();
   hot_.cells = cells_.get();
   hot_.size = static_cast<uint32_t>(ring_.size());  // at most 2^24 (attachRecorder)
+  const long long every = std::clamp<long long>(env::integer("HARP_FR_TIME_EVERY"), 1, 1 << 30);
+  uint32_t period = 1;
+  while (period < every) period <<= 1;
+  hot_.sample_mask = period - 1;
+  hot_.time_bytes = static_cast<uint32_t>(std::min<size_t>(env::bytes("HARP_FR_TIME_BYTES"), UINT32_MAX));
   calibration();
+  tickCoarseClock();  // until the publisher thread ticks it
   for (int r = 0; r < id_.size; ++r) global_ranks_.push_back(r);
 }
 
-// The hot path: one ring slot (a cache line the previous end() prefetched),
-// a few counters of this Recorder and one metrics cell, all written with
-// plain stores (x86: release and relaxed stores and the release fence are
-// ordinary moves), and one time-stamp counter read each in begin and end.
-OpRecord* Recorder::begin(const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq) {
-  Hot& h = hot_;
-  const uint64_t id = h.next_id.load(std::memory_order_relaxed);
-  OpRecord& r = h.ring[h.slot];
-  if (++h.slot == h.size) h.slot = 0;
-  r.id.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  r.seq = seq;
-  r.p2p_seq = seq ? 0 : ++h.p2p_seq;
-  r.coll = static_cast<uint8_t>(a.coll);
-  r.dtype = static_cast<uint8_t>(dt);
-  r.op = static_cast<uint8_t>(a.op);
-  r.peer = a.peer;
-  r.root = a.root;
-  r.count = a.count;
-  r.algo = algo;
-  r.t_end.store(0, std::memory_order_relaxed);
-  r.state.store(kStarted, std::memory_order_relaxed);
-  r.t_start = ticks();
-  r.id.store(id + 1, std::memory_order_release);
-  h.next_id.store(id + 1, std::memory_order_relaxed);
-  if (seq) h.started.store(seq, std::memory_order_relaxed);
-  h.current.store(&r, std::memory_order_release);
-  return &r;
-}
-
-void Recorder::end(OpRecord* r, bool ok) {
-  const uint64_t t = ticks();
-  r->t_end.store(t, std::memory_order_relaxed);
-  r->state.store(ok ? kCompleted : kFailed, std::memory_order_release);
-  Hot& h = hot_;
-  h.current.store(nullptr, std::memory_order_relaxed);
-  __builtin_prefetch(&h.ring[h.slot], 1);  // the next call's slot, while the caller runs
-  if (!ok) return;
-  if (r->seq) h.completed.store(r->seq, std::memory_order_relaxed);
-  const uint64_t took = t - r->t_start;
-  MetricCell& m = h.cells[(r->coll & 15) * 16 + ((r->algo ? r->algo->index : 0) & 15)];
-  bump(m.count, 1);
-  bump(m.bytes, r->count * dtypeSize(static_cast<DataType>(r->dtype)));
+void Recorder::endTimed(MetricCell& m, uint64_t took, uint64_t bytes) {
+  bump(m.timed, 1);
+  bump(m.timed_bytes, bytes);
   bump(m.ticks, took);
   bump(m.hist[bucketOf(took)], 1);
 }
@@ -150,8 +118,9 @@ bool copySlot(const OpRecord& r, OpSnapshot* s) {
   s->count = r.count;
   const Algorithm* a = r.algo;
   s->t_start = r.t_start;
-  s->t_end = r.t_end.load(std::memory_order_relaxed);
-  s->state = r.state.load(std::memory_order_acquire);
+  s->timed = r.timed != 0;
+  s->state = r.state.load(std::memory_order_acquire);  // end() stores t_end before the state
+  s->t_end = s->state == kStarted ? 0 : r.t_end.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (r.id.load(std::memory_order_relaxed) != id) return false;
   s->algo = a && a->name ? a->name : "";
@@ -160,8 +129,8 @@ bool copySlot(const OpRecord& r, OpSnapshot* s) {
 }  // namespace
 
 bool Recorder::inFlight(OpSnapshot* out) const {
-  const OpRecord* r = hot_.current.load(std::memory_order_acquire);
-  return r && copySlot(*r, out) && out->state == kStarted;
+  const uint64_t n = hot_.next_id.load(std::memory_order_acquire);  // the last call's slot: id % size
+  return n && copySlot(ring_[(n - 1) % ring_.size()], out) && out->id == n - 1 && out->state == kStarted;
 }
 
 std::vector<OpSnapshot> Recorder::snapshot() const {

@@ -11,10 +11,18 @@
 //
 // A call costs a handful of plain stores into one ring slot (one cache line,
 // prefetched by the call before), the counters' cache line and one metrics
-// cell, and two reads of the time-stamp counter: no allocation, lock or
-// syscall. bench/recorder_cost.cc: ~40 ns with warm caches, 110-220 ns in an
-// 8-byte allreduce on a loaded 2-core VM (cache misses); bench/recorder_overhead.py
-// measures on/off through Python (bench/RESULTS-observe.md). The same calls keep the counters
+// cell: no allocation, lock or syscall. Time: a call of at least
+// HARP_FR_TIME_BYTES (64K), and one in HARP_FR_TIME_EVERY (64) of the smaller
+// ones, reads the time-stamp counter at start and end (a duration, for the
+// latency histogram and the dump's duration_ms); every other call is stamped
+// with the process's coarse clock (a plain load of a value the publisher
+// thread refreshes every HARP_FR_CLOCK_MS, 10 ms) and has no duration, as
+// torch's recorder has none without TORCH_NCCL_ENABLE_TIMING. Why: one
+// counter read is ~12 ns on the 2-core VM HARP is measured on, and a 2-rank
+// shm 8-byte allreduce takes ~0.6 us, so timing every call alone would cost
+// 4% of it (issue 19 asks <= 1%). bench/recorder_cost.cc times the hook alone
+// and in an allreduce; bench/recorder_overhead.py measures on/off through
+// Python (bench/RESULTS-observe.md). The same calls keep the counters
 // the stall warning, harp-status and the Prometheus exporter read: the last
 // collective started and completed, the operation in flight, and per
 // (collective, algorithm) counts, bytes and a log2 latency histogram.
@@ -63,6 +71,12 @@ inline uint64_t ticks() {
   return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
 #endif
 }
+// The coarse clock: ticks() as of the last tick of the process's publisher
+// thread (every HARP_FR_CLOCK_MS; core/observer.cc), read with one plain load.
+// It stamps the calls the recorder does not time (see Recorder::begin).
+extern std::atomic<uint64_t> g_coarse_ticks;
+inline uint64_t coarseTicks() { return g_coarse_ticks.load(std::memory_order_relaxed); }
+inline void tickCoarseClock() { g_coarse_ticks.store(ticks(), std::memory_order_relaxed); }
 double nsPerTick();             // calibrated once per process (~2 ms, the first time)
 uint64_t ticksToEpochNs(uint64_t t);  // CLOCK_REALTIME nanoseconds of a ticks() value
 
@@ -83,6 +97,8 @@ struct alignas(64) OpRecord {
   int32_t peer = -1, root = 0;
   uint8_t coll = 0, dtype = 0, op = 0;
   std::atomic<uint8_t> state{kEmpty};
+  uint8_t timed = 0;            // 1: t_start/t_end read the time-stamp counter; 0: the coarse clock
+  uint8_t cell = 0;             // metrics cell: (coll & 15) x 16 + (algorithm index & 15)
 };
 static_assert(sizeof(OpRecord) == 64, "one ring slot per cache line");
 
@@ -95,11 +111,16 @@ struct OpSnapshot {
   uint64_t count = 0;
   std::string algo;
   uint64_t t_start = 0, t_end = 0;
+  bool timed = false;  // the times are the counter's (a duration); else the coarse clock's
 };
 
 constexpr int kHistBuckets = 40;  // log2 buckets of ticks: bucket b holds [2^b, 2^(b+1))
+// count and bytes: every completed call. timed, timed_bytes, ticks, hist: the
+// timed calls only (every call of >= HARP_FR_TIME_BYTES, one in
+// HARP_FR_TIME_EVERY of the smaller ones), so the latency histogram and the
+// bus bandwidth (timed_bytes / ticks) are of a sample.
 struct alignas(64) MetricCell {
-  std::atomic<uint64_t> count{0}, bytes{0}, ticks{0};
+  std::atomic<uint64_t> count{0}, bytes{0}, ticks{0}, timed{0}, timed_bytes{0};
   std::atomic<uint64_t> hist[kHistBuckets] = {};
 };
 
@@ -118,7 +139,11 @@ class Recorder {
   Recorder(Identity id, size_t entries, std::shared_ptr<Store> store);
 
   // --- the executing thread (through OpScope) ---
-  OpRecord* begin(const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq);
+  // Inline (a call through the PLT and the saved registers were a third of
+  // the hook). Args: CollArgs (coll, op, peer, root, count); Algo: Algorithm
+  // (index); templates so that this header needs neither definition.
+  template <class Args, class Algo>
+  OpRecord* begin(const Args& a, const Algo* algo, DataType dt, uint32_t seq);
   void end(OpRecord* r, bool ok);
 
   // Benchmarks only (bench/recorder_overhead.py, bench/recorder_cost.cc):
@@ -172,13 +197,16 @@ class Recorder {
     OpRecord* ring = nullptr;
     MetricCell* cells = nullptr;
     std::atomic<uint64_t> next_id{0};
-    std::atomic<OpRecord*> current{nullptr};
+    uint64_t spare = 0;  // was the in-flight pointer; inFlight() reads slot next_id - 1
     uint32_t slot = 0, size = 0;  // next slot; ring size
     uint32_t p2p_seq = 0;
     std::atomic<uint32_t> started{0}, completed{0};
     std::atomic<bool> paused{false};
+    uint32_t sample_mask = 0;  // a small call is timed when (record id & sample_mask) == 0
+    uint32_t time_bytes = 0;   // calls of at least this many bytes are always timed
   };
   static_assert(sizeof(Hot) == 64, "one cache line");
+  void endTimed(MetricCell& m, uint64_t took, uint64_t bytes);  // the timed calls' metrics
   Hot hot_;
   Identity id_;
   std::vector<OpRecord> ring_;
@@ -191,10 +219,61 @@ class Recorder {
   std::atomic<bool> dumped_{false};
 };
 
+// The hot path: one ring slot (a cache line the previous end() prefetched),
+// a few counters of this Recorder and one metrics cell, all written with
+// plain stores (x86: release and relaxed stores and the release fence are
+// ordinary moves); a timed call (see the top of this file) reads the
+// time-stamp counter once each in begin and end, any other call loads the
+// coarse clock.
+template <class Args, class Algo>
+inline OpRecord* Recorder::begin(const Args& a, const Algo* algo, DataType dt, uint32_t seq) {
+  Hot& h = hot_;
+  const uint64_t id = h.next_id.load(std::memory_order_relaxed);
+  OpRecord& r = h.ring[h.slot];
+  if (++h.slot == h.size) h.slot = 0;
+  r.id.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  r.seq = seq;
+  r.p2p_seq = seq ? 0 : ++h.p2p_seq;
+  r.coll = static_cast<uint8_t>(a.coll);
+  r.dtype = static_cast<uint8_t>(dt);
+  r.op = static_cast<uint8_t>(a.op);
+  r.peer = a.peer;
+  r.root = a.root;
+  r.count = a.count;
+  r.algo = algo;
+  r.cell = static_cast<uint8_t>((static_cast<unsigned>(a.coll) & 15) * 16 + ((algo ? algo->index : 0) & 15));
+  const bool timed = a.count * itemSize(dt) >= h.time_bytes || (id & h.sample_mask) == 0;
+  r.timed = timed;
+  r.state.store(kStarted, std::memory_order_relaxed);  // t_end is stale until end(): readers take it only when completed or failed
+  r.t_start = timed ? ticks() : coarseTicks();
+  r.id.store(id + 1, std::memory_order_release);
+  h.next_id.store(id + 1, std::memory_order_release);
+  if (seq) h.started.store(seq, std::memory_order_relaxed);
+  return &r;
+}
+
+inline void Recorder::end(OpRecord* r, bool ok) {
+  const bool timed = r->timed;
+  const uint64_t t = timed ? ticks() : coarseTicks();
+  r->t_end.store(t, std::memory_order_relaxed);
+  r->state.store(ok ? kCompleted : kFailed, std::memory_order_release);
+  Hot& h = hot_;
+  __builtin_prefetch(&h.ring[h.slot], 1);  // the next call's slot, while the caller runs
+  if (!ok) return;
+  if (r->seq) h.completed.store(r->seq, std::memory_order_relaxed);
+  MetricCell& m = h.cells[r->cell];
+  const uint64_t bytes = r->count * itemSize(static_cast<DataType>(r->dtype));
+  m.count.store(m.count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  m.bytes.store(m.bytes.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+  if (timed) endTimed(m, t - r->t_start, bytes);
+}
+
 // RAII for one call of runWith: marks the record failed unless ok() was called.
 class OpScope {
  public:
-  OpScope(Recorder* r, const CollArgs& a, const Algorithm* algo, DataType dt, uint32_t seq)
+  template <class Args, class Algo>
+  OpScope(Recorder* r, const Args& a, const Algo* algo, DataType dt, uint32_t seq)
       : r_(r), rec_(r && r->recording() ? r->begin(a, algo, dt, seq) : nullptr) {}
   ~OpScope() {
     if (rec_) r_->end(rec_, false);

@@ -238,6 +238,7 @@ def test_harp_status_answers_during_a_hang(tmp_path):
 
 def _metrics(rank, size):
     import harp.metrics
+    os.environ["HARP_FR_TIME_EVERY"] = "1"  # every call timed: the histogram counts every call
     comm = harp.init()
     for n in (1, 1000, 70000):
         comm.allreduce(np.ones(n, np.float32))
@@ -263,6 +264,43 @@ def test_prometheus_output_parses_and_counts():
         assert sum(s.value for s in inf) == 4
         assert all(s.value > 0 for s in fams["harp_collective_busbw_bytes_per_second"].samples)
         assert {s.labels["transport"] for s in counts} <= {"tcp", "shm", "mixed"}
+
+
+def _sampled_metrics(rank, size):
+    import harp.metrics
+    os.environ["HARP_FR_TIME_EVERY"] = "6"  # rounded up to 8
+    comm = harp.init()
+    for _ in range(64):
+        comm.allreduce(np.ones(4, np.float32))  # 16 bytes: one in 8 timed
+    for _ in range(3):
+        comm.allreduce(np.ones(16384, np.float32))  # 64K = HARP_FR_TIME_BYTES: always timed
+    path = harp.debug.dump(reason="test")
+    return harp.metrics.generate(), path
+
+
+def test_latency_is_timed_for_every_large_call_and_one_in_n_small_ones(tmp_path, monkeypatch):
+    """The recorder's timing rule (core/recorder.h): calls of >= HARP_FR_TIME_BYTES always, one in
+    HARP_FR_TIME_EVERY (a power of two) of the smaller ones by record id; the rest carry no duration.
+    Counts and bytes stay exact."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    monkeypatch.setenv("HARP_FR_DUMP_PREFIX", str(tmp_path / "fr_"))
+    for text, path in run_ranks(2, _sampled_metrics, timeout=120):
+        fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        ar = lambda fam, suffix: sum(s.value for s in fams[fam].samples  # noqa: E731
+                                     if s.name.endswith(suffix) and s.labels["collective"] == "allreduce")
+        assert ar("harp_collective_calls", "_total") == 67
+        assert ar("harp_collective_bytes", "_total") == 64 * 16 + 3 * 65536
+        assert ar("harp_collective_latency_seconds", "_count") == 64 // 8 + 3
+        inf = sum(s.value for s in fams["harp_collective_latency_seconds"].samples
+                  if s.name.endswith("_bucket") and s.labels["le"] == "+Inf" and s.labels["collective"] == "allreduce")
+        assert inf == 64 // 8 + 3
+        with open(path, "rb") as f:
+            entries = [e for e in pickle.load(f)["entries"] if e["profiling_name"].startswith("nccl:all_reduce")]
+        assert len(entries) == 67
+        timed = [e for e in entries if e["duration_ms"] is not None]
+        assert len(timed) == 64 // 8 + 3
+        assert all(e["duration_ms"] is not None for e in entries[-3:])  # the 64K calls
+        assert all(e["time_discovered_completed_ns"] >= e["time_created_ns"] > 0 for e in entries)
 
 
 # -- HARP_DEBUG_SUBSYS ---------------------------------------------------------------------------------------

@@ -60,6 +60,16 @@ struct Descriptor {
 };
 static_assert(sizeof(Descriptor) == 24);
 size_t dtypeSize(DataType dt);
+// dtypeSize without the check, inline (hot paths with a dtype already checked;
+// an out-of-range code gives 0).
+inline constexpr uint8_t kItemSizes[] = {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
+#include "core/base/vocab.def"
+};
+inline size_t itemSize(DataType dt) {
+  const auto i = static_cast<unsigned>(dt);
+  return i < static_cast<unsigned>(kNumDataTypes) ? kItemSizes[i] : 0;
+}
 const char* dtypeName(DataType dt);
 const char* opName(ReduceOp op);
 const char* collName(CollType c);

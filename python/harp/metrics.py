@@ -14,8 +14,11 @@ turns both off). This module turns them into Prometheus metrics with the
 Metrics (labels: collective, algorithm, transport, comm, rank):
   harp_collective_calls_total              completed calls
   harp_collective_bytes_total              bytes per rank (count x itemsize of the call)
-  harp_collective_latency_seconds          histogram (buckets at powers of two of the time-stamp counter)
-  harp_collective_busbw_bytes_per_second   mean bus bandwidth (bytes / time x nccl-tests' bus factor)
+  harp_collective_latency_seconds          histogram of the timed calls (buckets at powers of two of the
+                                           time-stamp counter): every call of >= HARP_FR_TIME_BYTES and
+                                           one in HARP_FR_TIME_EVERY of the smaller ones (1: every call)
+  harp_collective_busbw_bytes_per_second   mean bus bandwidth of the timed calls (their bytes / their time
+                                           x nccl-tests' bus factor)
   harp_communicator_ops_started            last collective started (gauge), and ..._completed
 
 Threading: any thread; reading the counters never blocks a collective.
@@ -66,10 +69,10 @@ class HarpCollector:
                     cum += n
                     if n or buckets:  # from the first non-empty bucket on
                         buckets.append((repr(float(le)), cum))
-                buckets.append(("+Inf", m["count"]))
+                buckets.append(("+Inf", m["timed"]))
                 lat.add_metric(lv, buckets, m["seconds"])
                 if m["seconds"] > 0:
-                    busbw.add_metric(lv, m["bytes"] / m["seconds"] * bus_factor(m["collective"], c["size"]))
+                    busbw.add_metric(lv, m["timed_bytes"] / m["seconds"] * bus_factor(m["collective"], c["size"]))
         yield from (calls, nbytes, lat, busbw, started, completed)
 
 
