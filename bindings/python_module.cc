@@ -416,6 +416,24 @@ PYBIND11_MODULE(_harp, m) {
            py::arg("timeout") = -1.0, py::arg("async_op") = false, py::arg("sendcounts") = std::vector<long long>{},
            py::arg("sdispls") = std::vector<long long>{}, py::arg("recvcounts") = std::vector<long long>{},
            py::arg("rdispls") = std::vector<long long>{})
+      .def("submit_coalesced",
+           [](Communicator& c, const std::vector<uintptr_t>& sends, const std::vector<uintptr_t>& recvs,
+              const std::vector<size_t>& counts, int dtype, int op, const std::string& algo, double timeout,
+              bool async) {
+             if (sends.size() != counts.size() || recvs.size() != counts.size())
+               throw InvalidArgument("submit_coalesced: sends, recvs and counts differ in length");
+             std::vector<BufPiece> pieces(counts.size());
+             for (size_t i = 0; i < counts.size(); ++i)
+               pieces[i] = {reinterpret_cast<const void*>(sends[i]), reinterpret_cast<void*>(recvs[i]), counts[i]};
+             CollOptions o;
+             o.algo = algo;
+             o.timeout_s = timeout;
+             py::gil_scoped_release nogil;
+             return c.allreduceCoalesced(std::move(pieces), static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
+                                         std::move(o), async);
+           },
+           py::arg("sends"), py::arg("recvs"), py::arg("counts"), py::arg("dtype"), py::arg("op") = 0,
+           py::arg("algo") = "", py::arg("timeout") = -1.0, py::arg("async_op") = false)
       .def(
           "choose_algorithm",
           [](Communicator& c, int coll, size_t count, int dtype, const std::string& algo) {

@@ -97,6 +97,64 @@ void checkOverlap(const char* name, const void* send, size_t sbytes, const void*
                         " for in-place operation, or separate buffers");
 }
 
+// allreduce_coalesced: each piece's buffers present and within size_t, send
+// and receive the same or disjoint, no two pieces' receive buffers (or one's
+// receive and another's send) overlapping; returns the total count.
+size_t checkPieces(const std::vector<BufPiece>& pieces, DataType dt, int ranks) {
+  const size_t es = dtypeSize(dt);
+  size_t total = 0;
+  std::vector<std::pair<uintptr_t, size_t>> spans;  // (start, index): receive buffers, then foreign sends
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const BufPiece& b = pieces[i];
+    const std::string name = "allreduce_coalesced: piece " + std::to_string(i);
+    if (b.count > SIZE_MAX / es / static_cast<size_t>(ranks) || total > SIZE_MAX / es / static_cast<size_t>(ranks) - b.count)
+      throw InvalidArgument(name + ": count " + std::to_string(b.count) + " of " + dtypeName(dt) + " is too large");
+    total += b.count;
+    if (b.count == 0) continue;
+    if (!b.send) throw InvalidArgument(name + ": send buffer is null");
+    if (!b.recv) throw InvalidArgument(name + ": receive buffer is null");
+    checkOverlap(name.c_str(), b.send, b.count * es, b.recv, b.count * es, Alias::kSame, 0, 0);
+    spans.push_back({reinterpret_cast<uintptr_t>(b.recv), i});
+  }
+  // Receive buffers pairwise disjoint (sorted by start, each ends before the next begins).
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const BufPiece& prev = pieces[spans[k - 1].second];
+    if (spans[k - 1].first + prev.count * es > spans[k].first)
+      throw InvalidArgument("allreduce_coalesced: the receive buffers of pieces " + std::to_string(spans[k - 1].second) +
+                            " and " + std::to_string(spans[k].second) + " overlap (" + span(prev.recv, prev.count * es) +
+                            ", " + span(pieces[spans[k].second].recv, pieces[spans[k].second].count * es) + ")");
+  }
+  // Out of place: no piece reads a send buffer another piece's result is written into.
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const BufPiece& b = pieces[i];
+    if (!b.count || b.send == b.recv) continue;
+    const auto s = reinterpret_cast<uintptr_t>(b.send), e = s + b.count * es;
+    // The receive buffer starting last before e: the only one that can reach
+    // into [s, e) (they are disjoint); this piece's own ends at or before s.
+    auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(e - 1, SIZE_MAX));
+    if (it == spans.begin()) continue;
+    const auto& [start, j] = *std::prev(it);
+    if (j != i && start + pieces[j].count * es > s)
+      throw InvalidArgument("allreduce_coalesced: the send buffer of piece " + std::to_string(i) +
+                            " overlaps the receive buffer of piece " + std::to_string(j));
+  }
+  return total;
+}
+
+// A 62-bit hash of the pieces' counts, with bit 62 set (>= 4096, so the
+// collective's tag never carries it exactly and the full descriptor check runs).
+int64_t layoutHash(const std::vector<BufPiece>& pieces) {
+  uint64_t h = 1469598103934665603ull ^ pieces.size();  // FNV-1a over the counts
+  for (const BufPiece& b : pieces) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= (b.count >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return static_cast<int64_t>((h & ((1ull << 62) - 1)) | (1ull << 62));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -420,7 +478,8 @@ void Communicator::validate(const CollArgs& a) const {
   const char* name = collName(a.coll);
   if (static_cast<unsigned>(a.coll) >= kNumCollTypes) throw InvalidArgument("unknown collective");
   dtypeSize(a.dtype);
-  if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduce || a.coll == CollType::kReduceScatter)
+  if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduce || a.coll == CollType::kReduceScatter ||
+      a.coll == CollType::kAllreduceCoalesced)
     checkOpSupported(a.dtype, a.op);
   bool rooted = a.coll == CollType::kBroadcast || a.coll == CollType::kReduce || a.coll == CollType::kGather ||
                 a.coll == CollType::kScatter;
@@ -438,6 +497,19 @@ void Communicator::validate(const CollArgs& a) const {
       if (o.count > 0 && !o.buf)
         throw InvalidArgument(std::string(o.send ? "send" : "recv") + ": buffer is null");
     }
+    return;
+  }
+  if (a.coll == CollType::kAllreduceCoalesced) {
+    if (a.op == ReduceOp::kAvg && (a.dtype == DataType::kInt8 || a.dtype == DataType::kUint8 ||
+                                   a.dtype == DataType::kInt32 || a.dtype == DataType::kUint32 ||
+                                   a.dtype == DataType::kInt64 || a.dtype == DataType::kUint64))
+      throw InvalidArgument(std::string("allreduce_coalesced: avg of ") + dtypeName(a.dtype) +
+                            " is not supported (integer avg widens its data; use allreduce per buffer)");
+    if (checkPieces(a.pieces, a.dtype, size_) != a.count)
+      throw InvalidArgument("allreduce_coalesced: count " + std::to_string(a.count) + " is not the pieces' total");
+    if (!a.opts.algo.empty() && !findAlgorithm(a.coll, a.opts.algo))
+      throw InvalidArgument("allreduce_coalesced: unknown algorithm '" + a.opts.algo + "' (known: " +
+                            algorithmList(a.coll) + ")");
     return;
   }
   if (a.coll == CollType::kAlltoallv) {
@@ -676,7 +748,8 @@ bool isInteger(DataType t) {
 }
 bool isSigned(DataType t) { return t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64; }
 bool isReduction(CollType c) {
-  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter;
+  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter ||
+         c == CollType::kAllreduceCoalesced;
 }
 // The descriptor messages a rooted collective's data makes redundant
 // (core/context.h, CheckShape): only with an exact tag and data on this
@@ -740,7 +813,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     d.dtype = static_cast<uint8_t>(user_dtype);
     d.op = static_cast<uint8_t>(isReduction(a.coll) ? a.op : ReduceOp::kSum);
     d.algo = static_cast<uint8_t>(algo->index);
-    d.root = rooted ? a.root : 0;
+    d.root = rooted ? a.root : a.coll == CollType::kAllreduceCoalesced ? layoutHash(a.pieces) : 0;
     d.count = a.count;
     tag = makeTag(d.seq, a.coll, user_dtype, static_cast<ReduceOp>(d.op), static_cast<int>(d.root), d.count, d.algo);
     check = a.coll != CollType::kBarrier && a.coll != CollType::kAlltoallv && size_ > 1 &&
@@ -780,6 +853,8 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
         (a.coll == CollType::kReduce && a.root == rank_))
       finalizeAvg(a.recvbuf, a.count, a.dtype, size_);
+    if (a.coll == CollType::kAllreduceCoalesced)
+      for (const BufPiece& b : a.pieces) finalizeAvg(b.recv, b.count, a.dtype, size_);
   }
 }
 
@@ -901,6 +976,20 @@ std::shared_ptr<Work> Communicator::allreduce(const void* send, void* recv, size
   a.sendbuf = send;
   a.recvbuf = recv;
   a.count = count;
+  a.dtype = dt;
+  a.op = op;
+  a.opts = std::move(o);
+  return submit(std::move(a), async);
+}
+
+std::shared_ptr<Work> Communicator::allreduceCoalesced(std::vector<BufPiece> pieces, DataType dt, ReduceOp op,
+                                                       CollOptions o, bool async) {
+  CollArgs a;
+  a.coll = CollType::kAllreduceCoalesced;
+  size_t total = 0;
+  for (const BufPiece& b : pieces) total += b.count;  // overflow: validate() names the piece
+  a.count = total;
+  a.pieces = std::move(pieces);
   a.dtype = dt;
   a.op = op;
   a.opts = std::move(o);

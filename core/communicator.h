@@ -72,6 +72,15 @@ struct P2pOp {
   size_t count = 0;     // elements
 };
 
+// One buffer of an allreduce_coalesced (issue 17): `count` elements of the
+// call's dtype, reduced from `send` into `recv` (the same pointer: in place;
+// otherwise the two must not overlap). Pieces must not overlap each other.
+struct BufPiece {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+};
+
 // Compression (issue 17): how a float32 sum/avg allreduce may travel
 // compressed (core/compress.h has the whole story: kinds, gate, residuals).
 // kDefault takes the communicator's HARP_COMPRESS; other collectives, dtypes
@@ -103,6 +112,7 @@ struct CollArgs {
   uint32_t tag = 0;  // send/recv user tag
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // alltoallv
   std::vector<P2pOp> p2p;  // p2p_batch: posted together, then waited for together
+  std::vector<BufPiece> pieces;  // allreduce_coalesced: the buffers, in order (count = their sum)
   CollOptions opts;
   CompressSpec compress;  // Compression (issue 17): allreduce only
 };
@@ -175,6 +185,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Work> broadcast(void* buf, size_t count, DataType dt, int root, CollOptions o = {},
                                   bool async = false);
   std::shared_ptr<Work> barrier(bool async = false);
+  // One allreduce schedule over a list of buffers of one dtype (issue 17,
+  // core/algorithms/allreduce_coalesced_ring.cc): no packing copies. Every
+  // rank passes the same counts in the same order (checked exactly: a
+  // disagreement raises MismatchError on every rank); integer avg is refused.
+  std::shared_ptr<Work> allreduceCoalesced(std::vector<BufPiece> pieces, DataType dt, ReduceOp op,
+                                           CollOptions o = {}, bool async = false);
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by (key, old rank). color < 0: this rank gets nullptr.

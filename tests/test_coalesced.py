@@ -64,36 +64,41 @@ def _lists(rank, size, op, async_op):
     return bad, calls
 
 
-def _groups():
-    """Collectives expected with the defaults (64M buffer, arrays of 128K or more alone): the
-    signature check, one per alone array, one per dtype of the others."""
+def _groups(mode="sg"):
+    """Collectives expected with the defaults. sg: the signature check and one list schedule per
+    dtype. fuse (64M buffer, arrays of 128K or more alone): the signature check, one per alone
+    array, one per dtype of the others."""
+    if mode == "sg":
+        return 1 + len({np.dtype(dt) for dt, n in SPECS if n})
     alone = [n * np.dtype(dt).itemsize >= 128 << 10 for dt, n in SPECS]
     assert 0 < sum(alone) < len(SPECS)  # both kinds present
     return 1 + sum(alone) + len({np.dtype(dt) for (dt, n), a in zip(SPECS, alone) if n and not a})
 
 
+@pytest.mark.parametrize("mode", ["sg", "fuse"])
 @pytest.mark.parametrize("nranks,transport,op,async_op", [(3, "tcp", "sum", False), (4, "tcp", "max", True),
                                                           (3, "shm", "max", False), (4, "shm", "sum", True)])
-def test_mixed_sizes_and_dtypes_in_place_one_collective_per_dtype(nranks, transport, op, async_op):
-    res = run_ranks(nranks, _lists, op, async_op, env={"HARP_TRANSPORT": transport}, timeout=300)
+def test_mixed_sizes_and_dtypes_in_place_one_collective_per_dtype(nranks, transport, op, async_op, mode):
+    res = run_ranks(nranks, _lists, op, async_op, env={"HARP_TRANSPORT": transport, "HARP_COALESCE": mode},
+                    timeout=300)
     for bad, calls in res:
         assert bad == [], f"wrong results for list entries {bad}"
-        assert calls == _groups(), f"{calls} collectives, expected {_groups()} (signature, alone, one per dtype)"
+        assert calls == _groups(mode), f"{calls} collectives, expected {_groups(mode)} ({mode})"
 
 
 @pytest.mark.parametrize("fusion,nranks", [("4K", 3), ("0", 4)])
 def test_small_fusion_buffer_chunks_and_direct_arrays(fusion, nranks):
-    """A 4K buffer cuts groups into 2K chunks (arrays span chunk borders, large ones go alone);
-    0 sends every array alone. Same results either way; more collectives than the default."""
-    res = run_ranks(nranks, _lists, "sum", fusion == "0", env={"HARP_TRANSPORT": "tcp", "HARP_FUSION_BYTES": fusion},
-                    timeout=300)
+    """HARP_COALESCE=fuse: a 4K buffer cuts groups into 2K chunks (arrays span chunk borders, large
+    ones go alone); 0 sends every array alone. Same results either way; more collectives than the default."""
+    res = run_ranks(nranks, _lists, "sum", fusion == "0",
+                    env={"HARP_TRANSPORT": "tcp", "HARP_FUSION_BYTES": fusion, "HARP_COALESCE": "fuse"}, timeout=300)
     nonempty = sum(1 for _, n in SPECS if n)
     for bad, calls in res:
         assert bad == [], f"wrong results for list entries {bad}"
         if fusion == "0":
             assert calls == 1 + nonempty
         else:
-            assert calls > _groups()
+            assert calls > _groups("fuse")
 
 
 def _repeated(rank, size):
@@ -126,8 +131,10 @@ def _repeated(rank, size):
     return bad
 
 
-def test_repeated_blocking_and_async_calls_reuse_the_buffer():
-    res = run_ranks(3, _repeated, env={"HARP_TRANSPORT": "tcp", "HARP_FUSION_BYTES": "16K"}, timeout=300)
+@pytest.mark.parametrize("mode", ["sg", "fuse"])
+def test_repeated_blocking_and_async_calls_reuse_the_buffer(mode):
+    res = run_ranks(3, _repeated, env={"HARP_TRANSPORT": "tcp", "HARP_FUSION_BYTES": "16K", "HARP_COALESCE": mode},
+                    timeout=300)
     assert res == [[], [], []]
 
 
@@ -257,3 +264,142 @@ def test_torch_allreduce_coalesced_mixed_dtypes(tmp_path):
     res = run_ranks(3, _torch_coalesced, url, env={"HARP_TRANSPORT": "tcp"}, timeout=300)
     for out in res:
         assert out == {"deprecated": [True] * 2, "manager": [True] * 6}, out
+
+
+# -- the core's list schedule (HARP_COALESCE=sg; core/algorithms/allreduce_coalesced_ring.cc) -------------
+
+_OPS = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+
+
+def _sg_pieces(rank, size, dtype, op, in_place, seed):
+    """Raw list calls through the binding (no Python signature check): random pieces of odd sizes,
+    some shorter than the rank count, in place or into separate receive buffers."""
+    from harp._types import ReduceOp, dtype_of, parse_op
+    comm = harp.init()
+    rng = np.random.default_rng(seed)
+    counts = [int(c) for c in rng.integers(0, 3000, size=11)] + [1, 2, size - 1, size + 1, 0]
+    dt = np.dtype(dtype)
+    def value(r, i, n):
+        g = np.random.default_rng(seed * 1000 + r * 100 + i)
+        if dt.kind == "f":
+            return (g.standard_normal(n) * (0.5 if op == "prod" else 10)).astype(dt)
+        hi = 3 if op == "prod" else 50
+        return g.integers(1, hi, size=n).astype(dt)
+    sends = [value(rank, i, n) for i, n in enumerate(counts)]
+    keep = [s.copy() for s in sends]
+    recvs = sends if in_place else [np.full(n, 7, dt) for n in counts]
+    addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    w = comm._c.submit_coalesced([addr(a) for a in sends], [addr(a) for a in recvs], counts, int(dtype_of(sends[0])),
+                                 int(parse_op(op)), "", -1.0, False)
+    w.wait(-1.0)
+    algo = comm._c.last_algorithm(13)
+    ok_in = in_place or all(np.array_equal(a, b) for a, b in zip(sends, keep))  # out of place: inputs untouched
+    ins = [[value(r, i, n) for i, n in enumerate(counts)] for r in range(size)]
+    want = []
+    for i in range(len(counts)):
+        stack = np.stack([ins[r][i] for r in range(size)]) if counts[i] else np.zeros((size, 0), dt)
+        if op == "avg":
+            want.append((np.sum(stack.astype(np.float64), axis=0) / size))
+        else:
+            want.append(_OPS[op](stack.astype(np.float64 if dt.kind == "f" else dt), axis=0))
+    # float16: every partial sum of the ring is rounded to float16 (an ulp is 2^-10 of the value)
+    rtol, atol = (size * 2e-3, size * 0.02) if dt == np.float16 else (1e-5, 1e-5)
+    bad = [i for i in range(len(counts))
+           if not (np.allclose(recvs[i].astype(np.float64), want[i], rtol=rtol, atol=atol) if dt.kind == "f"
+                   else np.array_equal(recvs[i], want[i].astype(dt)))]
+    comm.destroy()
+    return bad, ok_in, algo, [r.tobytes() for r in recvs]
+
+
+@pytest.mark.parametrize("nranks,transport", [(2, "shm"), (3, "tcp"), (5, "tcp"), (4, "shm")])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.float64, "avg"), (np.int32, "max"), (np.int64, "prod"),
+                                      (np.uint8, "min"), (np.float16, "sum"), (np.int8, "sum")])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_list_schedule_every_dtype_op_odd_sizes_bitwise_equal_on_every_rank(nranks, transport, dtype, op, in_place):
+    res = run_ranks(nranks, _sg_pieces, dtype, op, in_place, nranks * 7 + len(op),
+                    env={"HARP_TRANSPORT": transport}, timeout=300)
+    for bad, ok_in, algo, _ in res:
+        assert bad == [], f"wrong results for pieces {bad}"
+        assert ok_in, "out of place: an input was written"
+        assert algo == "ring"
+    assert all(r[3] == res[0][3] for r in res), "ranks hold different bytes"
+
+
+def _sg_layout_mismatch(rank, size, layouts):
+    from harp._types import DataType
+    comm = harp.init(timeout=20)
+    counts = layouts[0] if rank != size - 1 else layouts[1]  # same total, different layout
+    bufs = [np.ones(n, np.float32) for n in counts]
+    addrs = [b.__array_interface__["data"][0] for b in bufs]
+    try:
+        comm._c.submit_coalesced(addrs, addrs, counts, int(DataType.float32), 0, "", -1.0, False).wait(-1.0)
+        return None
+    except harp.HarpError as e:
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.parametrize("nranks,layouts", [(3, ([10, 20], [20, 10])), (2, ([1, 1, 1, 1], [2, 2]))])
+def test_list_schedule_layout_disagreement_is_a_mismatch_on_every_rank(nranks, layouts):
+    """Same total count, another layout on one rank: the core's exact descriptor check (a hash of
+    the counts) raises MismatchError on every rank before any data moves. Without it, [1,1,1,1]
+    against [2,2] on 2 ranks posts 4 messages against 2 and waits for the timeout."""
+    for err in run_ranks(nranks, _sg_layout_mismatch, layouts, env={"HARP_TRANSPORT": "tcp"}, timeout=120):
+        assert err is not None and err[0] == "MismatchError", err
+
+
+def _sg_bad(rank, size):
+    from harp._types import DataType
+    comm = harp.init()
+    out = {}
+    a = np.ones(64, np.float32)
+    base = a.__array_interface__["data"][0]
+    f32 = int(DataType.float32)
+    cases = {
+        "overlap": ([base, base + 16], [base, base + 16], [8, 8]),       # pieces 0 and 1 overlap
+        "partial": ([base], [base + 4], [8]),                             # send and receive partly overlap
+        "foreign": ([base, base + 128], [base + 128, base + 192], [8, 8]),  # piece 1 reads piece 0's output
+        "null": ([0], [base], [4]),
+        "lengths": ([base], [base, base], [4]),
+    }
+    for name, (s, r, c) in cases.items():
+        try:
+            comm._c.submit_coalesced(s, r, c, f32, 0, "", -1.0, False).wait(-1.0)
+            out[name] = None
+        except harp.InvalidArgumentError as e:
+            out[name] = str(e)
+    try:
+        i32 = np.ones(4, np.int32)
+        p = i32.__array_interface__["data"][0]
+        comm._c.submit_coalesced([p], [p], [4], int(DataType.int32), 4, "", -1.0, False).wait(-1.0)
+        out["int avg"] = None
+    except harp.InvalidArgumentError as e:
+        out["int avg"] = str(e)
+    b = np.ones(4, np.float32)
+    comm.allreduce(b)  # still usable
+    comm.destroy()
+    return out, b.tolist()
+
+
+def test_list_schedule_bad_buffers_are_refused_naming_the_pieces():
+    for out, b in run_ranks(2, _sg_bad, env={"HARP_TRANSPORT": "tcp"}, timeout=120):
+        assert all(v is not None for v in out.values()), out
+        assert "pieces 0 and 1 overlap" in out["overlap"]
+        assert "piece 0" in out["partial"] and "overlap" in out["partial"]
+        assert "send buffer of piece 1 overlaps the receive buffer of piece 0" in out["foreign"]
+        assert "piece 0: send buffer is null" in out["null"]
+        assert "differ in length" in out["lengths"]
+        assert "avg of int32" in out["int avg"]
+        assert b == [2.0] * 4
+
+
+def _sg_int_avg(rank, size):
+    comm = harp.init()
+    xs = [np.full(5, rank * 3, np.int32), np.full(3, 1.5 * rank, np.float32)]
+    comm.allreduce_coalesced(xs, op="avg")
+    comm.destroy()
+    return [x.tolist() for x in xs]
+
+
+def test_integer_avg_runs_array_by_array_and_float_avg_in_the_list():
+    for xs in run_ranks(3, _sg_int_avg, env={"HARP_TRANSPORT": "tcp"}, timeout=120):
+        assert xs == [[3] * 5, [1.5] * 3]

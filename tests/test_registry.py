@@ -25,11 +25,11 @@ from harness import run_ranks
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 COLLS = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "alltoallv", "gather",
-         "scatter", "barrier", "send", "recv", "p2p_batch"]
+         "scatter", "barrier", "send", "recv", "p2p_batch", "allreduce_coalesced"]
 CAMEL = {"kAllreduce": "allreduce", "kBroadcast": "broadcast", "kReduce": "reduce", "kAllgather": "allgather",
          "kReduceScatter": "reduce_scatter", "kAlltoall": "alltoall", "kAlltoallv": "alltoallv",
          "kGather": "gather", "kScatter": "scatter", "kBarrier": "barrier", "kSend": "send", "kRecv": "recv",
-         "kP2pBatch": "p2p_batch"}
+         "kP2pBatch": "p2p_batch", "kAllreduceCoalesced": "allreduce_coalesced"}
 
 
 def registered_in_source():

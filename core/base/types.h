@@ -45,6 +45,7 @@ constexpr int kNumCollTypes = 0
 #include "core/base/vocab.def"
     ;
 // kP2pBatch: a group of sends and receives that progress together (CollArgs::p2p).
+// kAllreduceCoalesced: one allreduce schedule over a list of buffers (CollArgs::pieces).
 
 // Everything ranks must agree on for one collective, exactly (24 bytes; the
 // payload of the descriptor check).

@@ -51,6 +51,7 @@ class Coll(enum.IntEnum):
     send = 10
     recv = 11
     p2p_batch = 12
+    allreduce_coalesced = 13
 
 
 _NP_TO_DT = {

@@ -8,8 +8,16 @@ Usage::
     work.wait()                                                   # results are in `grads` now
 
 Every array (numpy, buffer protocol or CPU DLPack, C-contiguous and writable)
-is reduced in place, as if ``comm.allreduce(a, op=op)`` ran on each, but small
-arrays travel together: arrays of one dtype are packed, in list order, into a
+is reduced in place, as if ``comm.allreduce(a, op=op)`` ran on each, in one of
+two ways (HARP_COALESCE):
+
+``sg`` (default): the arrays of each dtype go to the core as a list, reduced by
+one ring schedule that sends every array's blocks from and into the arrays
+themselves (core/algorithms/allreduce_coalesced_ring.cc): no packing copies,
+2(p-1) steps for the whole list. Integer avg, which the core refuses in a list
+(it widens the data), runs array by array.
+
+``fuse``: small arrays travel together: arrays of one dtype are packed, in list order, into a
 fusion buffer, reduced by one allreduce per buffer, and copied back. Mixed
 dtypes form one group each (in order of first appearance). An array of at
 least HARP_FUSION_ALONE_BYTES (default 128K), or of half of HARP_FUSION_BYTES,
@@ -76,6 +84,22 @@ class _Chunk:
 
     def __init__(self, dt, npdt):
         self.dt, self.npdt, self.pieces, self.count, self.half = dt, npdt, [], 0, 0
+
+
+def _plan_sg(arrays, dts, code):
+    """Items in issue order: ('list', [indices]) per dtype, or ('direct', index) for integer avg."""
+    from ._types import ReduceOp
+    groups = {}
+    for i, a in enumerate(arrays):
+        if a.size:
+            groups.setdefault(dts[i], []).append(i)
+    items = []
+    for dt, idx in groups.items():
+        if code == ReduceOp.AVG and np.issubdtype(arrays[idx[0]].dtype, np.integer):
+            items.extend(("direct", i) for i in idx)
+        else:
+            items.append(("list", idx))
+    return items
 
 
 def _plan(arrays, dts, half_bytes, alone_bytes):
@@ -149,6 +173,14 @@ class CoalescedWork:
             if kind == "direct":
                 a = self._arrays[what]
                 self._submit(address(a), a.size, int(dtype_of(a)), None)
+                continue
+            if kind == "list":
+                arrs = [self._arrays[i] for i in what]
+                addrs = [address(a) for a in arrs]
+                w = self._comm._c.submit_coalesced(addrs, addrs, [a.size for a in arrs], int(dtype_of(arrs[0])),
+                                                   int(self._code), "", self._secs, not self._inline)
+                self._flight.append((w, None))
+                self._comm._hold(w, (self._arrays,))
                 continue
             while busy >= 2:
                 busy -= self._retire()
@@ -272,8 +304,15 @@ def allreduce_coalesced(comm, tensors, op="sum", *, async_op=False, timeout=None
     if comm._pending:
         comm._drain()
     _agree(comm, arrays, dts, code, timeout)
-    half, alone = comm._fusion_half()
-    items = _plan(arrays, dts, half, alone)
+    mode = _params.get("HARP_COALESCE").strip().lower()
+    bad = _params.check_value(_params.declared("HARP_COALESCE"), mode)
+    if bad:
+        raise InvalidArgumentError(f"HARP_COALESCE={mode!r}: {bad}")
+    if mode == "fuse":
+        half, alone = comm._fusion_half()
+        items = _plan(arrays, dts, half, alone)
+    else:
+        items = _plan_sg(arrays, dts, code)
     work = CoalescedWork(comm, arrays, result, items, code, secs, inline=not async_op and len(items) == 1)
     comm._coalesced = work
     try:
