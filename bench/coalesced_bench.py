@@ -9,10 +9,11 @@ separate allreduce calls; side by side in one job, iterations interleaved.
 
 local: --ranks ranks over loopback tcp (harp-run). arena: harp-cluster --name (default coal17,
 taken down at the end, also on failure), one rank per host, link payload rate measured first
-(bench/vpc/linkrate.py). Modes: flat (one 32 MB allreduce), coalesced (the defaults:
-HARP_FUSION_BYTES 64M, HARP_FUSION_ALONE_BYTES 128K), coalesced_F_A (F MB buffer, arrays of
-A KB or more alone: 64_512, 64_4096 = everything fused into one allreduce, 8_128 = 4 MB
-chunks whose packing overlaps the reductions), separate (64 blocking calls). Per mode: median over
+(bench/vpc/linkrate.py). Modes: flat (one 32 MB allreduce), coalesced (the default,
+HARP_COALESCE=sg: one ring schedule over the 64 arrays, no copies), fused (HARP_COALESCE=fuse
+with its defaults: HARP_FUSION_BYTES 64M, HARP_FUSION_ALONE_BYTES 128K), coalesced_F_A (fuse
+with an F MB buffer, arrays of A KB or more alone: 64_512, 64_4096 = everything fused into one
+allreduce, 8_128 = 4 MB chunks whose packing overlaps the reductions), separate (64 blocking calls). Per mode: median over
 repetitions of (median over iterations of the slowest rank's time), min..max, busbw
 (2(p-1)/p x 32 MB / time), its fraction of the link (arena), and the ratios
 coalesced / flat (target <= 1.1) and separate / coalesced (target >= 3). One JSON stamped
@@ -34,8 +35,9 @@ sys.path.insert(0, PYDIR)
 sys.path.insert(0, os.path.join(HERE, "vpc"))
 from stamp import stamp  # noqa: E402
 
-# coalesced_F_A: HARP_FUSION_BYTES F (MB), HARP_FUSION_ALONE_BYTES A (KB); "coalesced": the defaults
-MODES = ["flat", "coalesced", "coalesced_64_512", "coalesced_64_4096", "coalesced_8_128", "separate"]
+# "coalesced": the defaults (HARP_COALESCE=sg, one list schedule, no copies); "fused": HARP_COALESCE=fuse
+# with its defaults; coalesced_F_A: fuse with HARP_FUSION_BYTES F (MB), HARP_FUSION_ALONE_BYTES A (KB)
+MODES = ["flat", "coalesced", "fused", "coalesced_64_512", "coalesced_64_4096", "coalesced_8_128", "separate"]
 TOTAL = 32 << 20
 
 WORKER = r'''
@@ -55,7 +57,8 @@ def run(mode):
         for t in ts:
             comm.allreduce(t)
     else:
-        if mode != "coalesced":
+        os.environ["HARP_COALESCE"] = "sg" if mode == "coalesced" else "fuse"
+        if mode.startswith("coalesced_"):
             f, al = mode.split("_")[1:]
             comm._fusion_half_bytes, comm._fusion_alone_bytes = (int(f) << 20) // 2, int(al) << 10
         else:

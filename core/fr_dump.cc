@@ -87,6 +87,7 @@ const char* torchOp(CollType c) {
     case CollType::kBarrier: return "barrier";
     case CollType::kSend: return "send";
     case CollType::kRecv: return "recv";
+    case CollType::kAllreduceCoalesced: return "allreduce_coalesced";  // ProcessGroupNCCL's title
     default: return "coalesced";
   }
 }

@@ -265,6 +265,53 @@ def _groups(rank, size):
     return True
 
 
+def _group_allreduces(rank, size):
+    """Inside one group: five float32 sums of odd sizes, two int32 max, then a chain (p -> q, q -> r)
+    whose second call reads the first's result. Returns (results ok, the collectives the flight
+    recorder saw for the group, by profiling name)."""
+    import harp.debug
+    c = _comm(rank, size)
+    f32 = [_data(rank, n, np.float32, salt=i) for i, n in enumerate([1, 7, 1000, 4099, 3])]
+    f32_out = [np.zeros_like(a) for a in f32]
+    i32 = [_data(rank, n, np.int32, salt=9) for n in (5, 9)]
+    p = _data(rank, 257, np.float32, salt=4)
+    q, r = np.zeros_like(p), np.zeros_like(p)
+    before = len(harp.debug.flight_record()["entries"])
+    nccl.groupStart()
+    for a, o in zip(f32, f32_out):
+        c.allReduce(a.ctypes.data, o.ctypes.data, a.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    for a in i32:
+        c.allReduce(a.ctypes.data, a.ctypes.data, a.size, nccl.NCCL_INT32, nccl.NCCL_MAX, 0)
+    c.allReduce(p.ctypes.data, q.ctypes.data, p.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    c.allReduce(q.ctypes.data, r.ctypes.data, q.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    nccl.groupEnd()
+    names = [e["profiling_name"] for e in harp.debug.flight_record()["entries"][before:]]
+    ok = all(np.array_equal(o, _expect(nccl.NCCL_SUM, [_data(k, a.size, np.float32, salt=i) for k in range(size)],
+                                       np.float32)) for i, (a, o) in enumerate(zip(f32, f32_out)))
+    ok &= all(np.array_equal(a, _expect(nccl.NCCL_MAX, [_data(k, a.size, np.int32, salt=9) for k in range(size)],
+                                        np.int32)) for a in i32)
+    want_q = _expect(nccl.NCCL_SUM, [_data(k, 257, np.float32, salt=4) for k in range(size)], np.float32)
+    ok &= np.array_equal(q, want_q) and np.array_equal(r, want_q * size)
+    c.destroy()
+    return bool(ok), names
+
+
+@pytest.mark.parametrize("coalesce", ["1", "0"])
+def test_group_allreduces_run_as_one_coalesced_schedule(coalesce):
+    """HARP_NCCL_GROUP_COALESCE=1: the two runs of joinable allreduces become one allreduce_coalesced
+    each; the dependent chain stays two ordered allreduces. =0: nine allreduces. Same results."""
+    os.environ["HARP_NCCL_GROUP_COALESCE"] = coalesce
+    try:
+        res = run_ranks(3, _group_allreduces, timeout=180)
+    finally:
+        del os.environ["HARP_NCCL_GROUP_COALESCE"]
+    want = (["nccl:allreduce_coalesced"] * 2 + ["nccl:all_reduce"] * 2 if coalesce == "1"
+            else ["nccl:all_reduce"] * 9)
+    for ok, names in res:
+        assert ok, "wrong results"
+        assert names == want, names
+
+
 def test_groups_alltoall_ring_and_mixed():
     assert all(run_ranks(4, _groups, timeout=180))
 

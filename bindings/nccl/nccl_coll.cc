@@ -4,8 +4,11 @@
 // ncclGroupStart/End the Ops are kept (per thread) and at the outermost
 // ncclGroupEnd each communicator's Ops become one Job: its collectives in call
 // order, then all its sends and receives as one p2p batch (posted together,
-// so alltoall-style exchanges progress). Jobs of several communicators (one
-// thread driving several ranks) run concurrently.
+// so alltoall-style exchanges progress). Consecutive allreduces of one dtype
+// and op on disjoint buffers become one allreduce_coalesced (one ring
+// schedule over their buffers, no packing copies; HARP_NCCL_GROUP_COALESCE).
+// Jobs of several communicators (one thread driving several ranks) run
+// concurrently.
 //
 // Buffers: host memory is used in place. Device memory (CUDA present) is
 // staged: overlapping uses of one job share one pinned buffer (so NCCL's
@@ -23,6 +26,7 @@
 
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
+#include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/probe.h"
 
@@ -185,6 +189,63 @@ struct StageMap {
   }
 };
 
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+// Whether allreduce `a` may join the run of allreduces `run` in one coalesced
+// schedule: same dtype and op, no integer avg, and no buffer of `a` touching
+// a buffer of the run (a later allreduce may read an earlier one's result:
+// then they stay in order, as separate calls).
+bool joins(const std::vector<CollArgs>& run, const CollArgs& a) {
+  if (a.count == 0) return false;
+  if (a.op == ReduceOp::kAvg && a.dtype != DataType::kFloat16 && a.dtype != DataType::kBfloat16 &&
+      a.dtype != DataType::kFloat32 && a.dtype != DataType::kFloat64)
+    return false;
+  if (run.empty()) return true;
+  if (a.dtype != run[0].dtype || a.op != run[0].op) return false;
+  const size_t n = a.count * dtypeSize(a.dtype);
+  for (const CollArgs& b : run) {
+    const size_t m = b.count * dtypeSize(b.dtype);
+    if (overlaps(a.recvbuf, n, b.recvbuf, m) || overlaps(a.recvbuf, n, b.sendbuf, m) ||
+        overlaps(a.sendbuf, n, b.recvbuf, m))
+      return false;
+  }
+  return true;
+}
+
+// Runs of two or more joinable allreduces become one allreduce_coalesced.
+void coalesceAllreduces(std::vector<CollArgs>& colls) {
+  std::vector<CollArgs> out, run;
+  auto flush = [&] {
+    if (run.size() == 1) out.push_back(std::move(run[0]));
+    if (run.size() > 1) {
+      CollArgs c;
+      c.coll = CollType::kAllreduceCoalesced;
+      c.dtype = run[0].dtype;
+      c.op = run[0].op;
+      for (const CollArgs& a : run) {
+        c.pieces.push_back({a.sendbuf, a.recvbuf, a.count});
+        c.count += a.count;
+      }
+      out.push_back(std::move(c));
+    }
+    run.clear();
+  };
+  for (CollArgs& a : colls) {
+    if (a.coll == CollType::kAllreduce && joins(run, a)) {
+      run.push_back(std::move(a));
+      continue;
+    }
+    flush();
+    if (a.coll == CollType::kAllreduce && joins(run, a)) run.push_back(std::move(a));
+    else out.push_back(std::move(a));
+  }
+  flush();
+  colls = std::move(out);
+}
+
 // Build one communicator's job from its ops (collectives in order, p2p batched last).
 std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool* device) {
   auto j = std::make_shared<Job>();
@@ -262,6 +323,7 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
     }
     j->colls.push_back(std::move(a));
   }
+  if (j->colls.size() > 1 && env::flag("HARP_NCCL_GROUP_COALESCE")) coalesceAllreduces(j->colls);
   if (!batch.p2p.empty()) j->colls.push_back(std::move(batch));
   return j;
 }
