@@ -228,6 +228,7 @@ def _torch_coalesced(rank, size, url):
     import torch
     import torch.distributed as dist
 
+    import harp.debug
     import harp.torch  # noqa: F401
 
     torch.set_num_threads(1)
@@ -244,10 +245,15 @@ def _torch_coalesced(rank, size, url):
 
     out = {}
     ts = [t for t in make() if t.dtype == torch.float32]  # torch's deprecated API insists on one dtype
+    ptrs = [t.data_ptr() for t in ts]
+    before = len(harp.debug.flight_record()["entries"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated in torch, still served
         dist.all_reduce_coalesced(ts)
     out["deprecated"] = [bool(torch.equal(t, want(t.dtype, t.numel()))) for t in ts]
+    # one list schedule over the tensors' own memory (HARP_COALESCE=sg), not a flattened copy
+    out["recorded"] = [e["profiling_name"] for e in harp.debug.flight_record()["entries"][before:]]
+    out["same_memory"] = [t.data_ptr() for t in ts] == ptrs
     ts = make()
     with dist._coalescing_manager(async_ops=True) as cm:
         for t in ts:
@@ -263,7 +269,8 @@ def test_torch_allreduce_coalesced_mixed_dtypes(tmp_path):
     url = "file://" + str(tmp_path / "store")
     res = run_ranks(3, _torch_coalesced, url, env={"HARP_TRANSPORT": "tcp"}, timeout=300)
     for out in res:
-        assert out == {"deprecated": [True] * 2, "manager": [True] * 6}, out
+        assert out == {"deprecated": [True] * 2, "manager": [True] * 6,
+                       "recorded": ["nccl:allreduce_coalesced"], "same_memory": True}, out
 
 
 # -- the core's list schedule (HARP_COALESCE=sg; core/algorithms/allreduce_coalesced_ring.cc) -------------

@@ -236,7 +236,10 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                          op=op, timeout=timeout)], opts, result, [s])
 
     def allreduce_coalesced(self, tensors, opts=None):
-        # issue 17: mixed dtypes form one flat tensor (one allreduce) each, in order of first appearance.
+        # issue 17: the tensors of each wire dtype (in order of first appearance) go to the core as one
+        # list, reduced by one ring schedule over their own memory (allreduce_coalesced in the core): CPU
+        # tensors are neither flattened nor copied back; CUDA ones are staged tensor by tensor like a
+        # single allreduce's. HARP_COALESCE=fuse flattens each dtype into one tensor (torch.cat), as before.
         opts = opts or _c10d.AllreduceCoalescedOptions()
         d = self._delegate(tensors, "allreduce_coalesced", tensors, opts)
         if d is not None:
@@ -246,6 +249,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
             return completed_work("allreduce_coalesced", self._desc, tensors)
         if any(t.device != tensors[0].device for t in tensors):
             raise UnsupportedError("harp allreduce_coalesced: all tensors must be on the same device")
+        if _params.get("HARP_COALESCE").strip().lower() != "fuse":
+            return self._allreduce_list(tensors, opts)
         groups = {}
         for t in tensors:
             groups.setdefault(t.dtype, []).append(t)
@@ -268,6 +273,36 @@ class ProcessGroupHarp(dist.ProcessGroup):
         return self._issue("allreduce_coalesced",
                            lambda: [self._submit(self._coll, Coll.allreduce, s.ptr, s.ptr, s.count, s.dt, op=op,
                                                  timeout=timeout) for s in staged], opts, tensors, staged, post)
+
+    _INTEGER = frozenset({DataType.int8, DataType.uint8, DataType.int32, DataType.uint32, DataType.int64,
+                          DataType.uint64})
+
+    def _allreduce_list(self, tensors, opts):
+        op, factor = harp_op(opts.reduceOp)
+        staged = [Staged(t, read=True, write=True, reducing=True, op="allreduce_coalesced") for t in tensors]
+        if factor is not None:
+            for s in staged:
+                s.host.mul_(factor)
+                s.write_back = s.host is not s.orig or s.write_back
+        groups = {}
+        for s in staged:
+            if s.count:
+                groups.setdefault(s.dt, []).append(s)
+        timeout = _secs(opts.timeout)
+
+        def run():
+            async_op = not getattr(_tls, "inline", False)
+            handles = []
+            for dt, g in groups.items():
+                if op == ReduceOp.AVG and dt in self._INTEGER:  # the core's list refuses integer avg
+                    handles += [self._submit(self._coll, Coll.allreduce, s.ptr, s.ptr, s.count, dt, op=op,
+                                             timeout=timeout) for s in g]
+                    continue
+                ptrs = [s.ptr for s in g]
+                handles.append(self._coll._c.submit_coalesced(ptrs, ptrs, [s.count for s in g], int(dt), int(op), "",
+                                                              float(timeout), async_op))
+            return handles
+        return self._issue("allreduce_coalesced", run, opts, tensors, staged)
 
     # -- broadcast / reduce ------------------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
