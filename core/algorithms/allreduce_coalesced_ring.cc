@@ -7,8 +7,10 @@
 // vector (sizes differ by at most one element). Reduce-scatter: in step s
 // (0..p-2) rank r sends block (r-s) mod p of every piece to its right
 // neighbour and receives block (r-s-1) mod p of every piece from its left
-// into scratch, reducing each into the piece's receive buffer as soon as it
-// has arrived (the later pieces are still on the wire). After p-1 steps rank r
+// into scratch (two halves: the next step's receives are posted before this
+// step's are reduced), reducing each into the piece's receive buffer as soon
+// as it has arrived and forwarding it at once, so steps overlap on the wire
+// as the flat ring's segments do. After p-1 steps rank r
 // holds the reduced block (r+1) mod p of every piece. Allgather: in step s
 // rank r forwards block (r+1-s) mod p of every piece and receives block
 // (r-s) mod p straight into the receive buffers. A block of a piece is one
@@ -42,52 +44,68 @@ void allreduceCoalescedRing(Context& ctx) {
 
   auto mod = [p](int x) { return ((x % p) + p) % p; };
   const int right = mod(r + 1), left = mod(r - 1);
+  const size_t m = a.pieces.size();
   std::vector<Blocks> blocks;
-  blocks.reserve(a.pieces.size());
+  blocks.reserve(m);
   size_t widest = 0;  // elements of one step's receives (the largest block of every piece)
   for (const BufPiece& b : a.pieces) {
     blocks.push_back(Blocks{b.count, static_cast<size_t>(p)});
     widest += blocks.back().size(0);
   }
-  char* tmp = static_cast<char*>(ctx.scratch(widest * es));
+  // Two halves: the receives of step s+1 are posted while step s is reduced.
+  char* tmp = static_cast<char*>(ctx.scratch(2 * widest * es));
   auto at = [&](size_t i, int c) { return static_cast<char*>(a.pieces[i].recv) + blocks[i].offset(c) * es; };
   auto src = [&](size_t i, int c) { return static_cast<const char*>(a.pieces[i].send) + blocks[i].offset(c) * es; };
 
-  std::vector<Request*> sends, recvs;
-  std::vector<size_t> which;  // piece of each posted receive
-  std::vector<char*> staged;  // where it landed
-  for (int s = 0; s < p - 1; ++s) {
-    const int out = mod(r - s), in = mod(r - s - 1);
-    recvs.clear(), which.clear(), staged.clear();
+  std::vector<Request*> sends;
+  std::vector<std::vector<Request*>> recvs(2);  // by half: one per piece (nullptr: empty block)
+  std::vector<std::vector<char*>> staged(2);
+  auto postRs = [&](int s) {  // reduce-scatter step s's receives, block (r-s-1) of every piece
+    const int c = mod(r - s - 1), h = s & 1;
+    recvs[h].assign(m, nullptr);
+    staged[h].assign(m, nullptr);
     size_t used = 0;
-    for (size_t i = 0; i < a.pieces.size(); ++i) {
-      const size_t n = blocks[i].size(in);
+    for (size_t i = 0; i < m; ++i) {
+      const size_t n = blocks[i].size(c);
       if (n == 0) continue;
-      recvs.push_back(ctx.irecv(left, tmp + used * es, n * es));
-      which.push_back(i), staged.push_back(tmp + used * es);
+      staged[h][i] = tmp + (h * widest + used) * es;
+      recvs[h][i] = ctx.irecv(left, staged[h][i], n * es);
       used += n;
     }
-    for (size_t i = 0; i < a.pieces.size(); ++i)  // step 0: this rank's own block, from the input
-      if (blocks[i].size(out)) sends.push_back(ctx.isend(right, s ? at(i, out) : src(i, out), blocks[i].size(out) * es));
-    for (size_t k = 0; k < recvs.size(); ++k) {
-      ctx.wait(recvs[k]);
-      const size_t i = which[k];
-      reduce(at(i, in), src(i, in), staged[k], blocks[i].size(in), a.dtype, a.op);
+  };
+  // Reduce-scatter step 0 sends this rank's own block of every piece, from the input.
+  postRs(0);
+  for (size_t i = 0; i < m; ++i)
+    if (blocks[i].size(r)) sends.push_back(ctx.isend(right, src(i, r), blocks[i].size(r) * es));
+  for (int s = 0; s < p - 1; ++s) {
+    if (s + 1 < p - 1) postRs(s + 1);
+    const int c = mod(r - s - 1), h = s & 1;
+    for (size_t i = 0; i < m; ++i) {
+      if (!recvs[h][i]) continue;
+      ctx.wait(recvs[h][i]);
+      reduce(at(i, c), src(i, c), staged[h][i], blocks[i].size(c), a.dtype, a.op);
+      // Forward at once: the next step's send of this piece (after the last
+      // step: allgather step 0's, the block this rank now holds reduced).
+      sends.push_back(ctx.isend(right, at(i, c), blocks[i].size(c) * es));
     }
-    // Nothing sent this step is written later in this phase; waiting here
-    // keeps one step of sends outstanding.
-    ctx.waitAll(sends);
-    sends.clear();
+  }
+  // Allgather: every step's blocks are distinct, so all receives go up at once.
+  std::vector<std::vector<Request*>> ag(p - 1, std::vector<Request*>(m, nullptr));
+  for (int s = 0; s < p - 1; ++s) {
+    const int c = mod(r - s);
+    for (size_t i = 0; i < m; ++i)
+      if (blocks[i].size(c)) ag[s][i] = ctx.irecv(left, at(i, c), blocks[i].size(c) * es);
   }
   for (int s = 0; s < p - 1; ++s) {
-    const int out = mod(r + 1 - s), in = mod(r - s);
-    recvs.clear();
-    for (size_t i = 0; i < a.pieces.size(); ++i)
-      if (blocks[i].size(in)) recvs.push_back(ctx.irecv(left, at(i, in), blocks[i].size(in) * es));
-    for (size_t i = 0; i < a.pieces.size(); ++i)
-      if (blocks[i].size(out)) sends.push_back(ctx.isend(right, at(i, out), blocks[i].size(out) * es));
-    ctx.waitAll(recvs);
+    const int c = mod(r - s);
+    for (size_t i = 0; i < m; ++i) {
+      if (!ag[s][i]) continue;
+      ctx.wait(ag[s][i]);
+      if (s < p - 2) sends.push_back(ctx.isend(right, at(i, c), blocks[i].size(c) * es));
+    }
   }
+  // A send's buffer is not written again before it completes: a block comes
+  // back round the ring only after the right neighbour has used this rank's send.
   ctx.waitAll(sends);
 }
 
