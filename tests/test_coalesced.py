@@ -410,3 +410,18 @@ def _sg_int_avg(rank, size):
 def test_integer_avg_runs_array_by_array_and_float_avg_in_the_list():
     for xs in run_ranks(3, _sg_int_avg, env={"HARP_TRANSPORT": "tcp"}, timeout=120):
         assert xs == [[3] * 5, [1.5] * 3]
+
+
+def _sg_tiny(rank, size, counts):
+    """Pieces shorter than the rank count: some ranks receive nothing in some or all steps."""
+    comm = harp.init()
+    xs = [np.full(n, rank + 1 + i, np.int64) for i, n in enumerate(counts)]
+    comm.allreduce_coalesced(xs)
+    comm.destroy()
+    return [x.tolist() for x in xs]
+
+
+@pytest.mark.parametrize("nranks,counts", [(3, [1]), (3, [1, 1, 2]), (5, [1, 3, 0, 2]), (4, [5, 1])])
+def test_list_schedule_pieces_shorter_than_the_rank_count(nranks, counts):
+    for xs in run_ranks(nranks, _sg_tiny, counts, env={"HARP_TRANSPORT": "tcp"}, timeout=120):
+        assert xs == [[sum(r + 1 + i for r in range(nranks))] * n for i, n in enumerate(counts)]

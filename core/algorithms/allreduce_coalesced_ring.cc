@@ -7,15 +7,16 @@
 // vector (sizes differ by at most one element). Reduce-scatter: in step s
 // (0..p-2) rank r sends block (r-s) mod p of every piece to its right
 // neighbour and receives block (r-s-1) mod p of every piece from its left
-// into scratch (two halves: the next step's receives are posted before this
-// step's are reduced), reducing each into the piece's receive buffer as soon
-// as it has arrived and forwarding it at once, so steps overlap on the wire
-// as the flat ring's segments do. After p-1 steps rank r
+// into scratch, reducing each into the piece's receive buffer as soon as it
+// has arrived and forwarding it at once, so steps overlap on the wire as the
+// flat ring's do. Blocks travel in segments of HARP_SEGMENT_BYTES at most, and
+// the reduce-scatter receives go to a window of 4 segment slots that stays in
+// cache (the flat ring's scheme), however long the list. After p-1 steps rank r
 // holds the reduced block (r+1) mod p of every piece. Allgather: in step s
 // rank r forwards block (r+1-s) mod p of every piece and receives block
 // (r-s) mod p straight into the receive buffers. A block of a piece is one
-// message; empty blocks (pieces shorter than p elements) are skipped by both
-// sides. Out of place, step 0 sends from the send buffers and every reduction
+// message per segment; empty blocks (pieces shorter than p elements) are
+// skipped by both sides. Out of place, step 0 sends from the send buffers and every reduction
 // reads them (as the flat ring does): no piece is copied first.
 //
 // Restrictions: none (any p, any count, any op the dtype allows; integer avg
@@ -47,62 +48,57 @@ void allreduceCoalescedRing(Context& ctx) {
   const size_t m = a.pieces.size();
   std::vector<Blocks> blocks;
   blocks.reserve(m);
-  size_t widest = 0;  // elements of one step's receives (the largest block of every piece)
-  for (const BufPiece& b : a.pieces) {
-    blocks.push_back(Blocks{b.count, static_cast<size_t>(p)});
-    widest += blocks.back().size(0);
-  }
-  // Two halves: the receives of step s+1 are posted while step s is reduced.
-  char* tmp = static_cast<char*>(ctx.scratch(2 * widest * es));
+  for (const BufPiece& b : a.pieces) blocks.push_back(Blocks{b.count, static_cast<size_t>(p)});
   auto at = [&](size_t i, int c) { return static_cast<char*>(a.pieces[i].recv) + blocks[i].offset(c) * es; };
   auto src = [&](size_t i, int c) { return static_cast<const char*>(a.pieces[i].send) + blocks[i].offset(c) * es; };
 
-  std::vector<Request*> sends;
-  std::vector<std::vector<Request*>> recvs(2);  // by half: one per piece (nullptr: empty block)
-  std::vector<std::vector<char*>> staged(2);
-  auto postRs = [&](int s) {  // reduce-scatter step s's receives, block (r-s-1) of every piece
-    const int c = mod(r - s - 1), h = s & 1;
-    recvs[h].assign(m, nullptr);
-    staged[h].assign(m, nullptr);
-    size_t used = 0;
-    for (size_t i = 0; i < m; ++i) {
-      const size_t n = blocks[i].size(c);
-      if (n == 0) continue;
-      staged[h][i] = tmp + (h * widest + used) * es;
-      recvs[h][i] = ctx.irecv(left, staged[h][i], n * es);
-      used += n;
-    }
+  // A unit: one message, a segment (HARP_SEGMENT_BYTES at most) of one piece's block.
+  struct Unit {
+    uint32_t piece;
+    int block;
+    size_t off, n;  // elements, within the block
   };
-  // Reduce-scatter step 0 sends this rank's own block of every piece, from the input.
-  postRs(0);
-  for (size_t i = 0; i < m; ++i)
-    if (blocks[i].size(r)) sends.push_back(ctx.isend(right, src(i, r), blocks[i].size(r) * es));
-  for (int s = 0; s < p - 1; ++s) {
-    if (s + 1 < p - 1) postRs(s + 1);
-    const int c = mod(r - s - 1), h = s & 1;
-    for (size_t i = 0; i < m; ++i) {
-      if (!recvs[h][i]) continue;
-      ctx.wait(recvs[h][i]);
-      reduce(at(i, c), src(i, c), staged[h][i], blocks[i].size(c), a.dtype, a.op);
-      // Forward at once: the next step's send of this piece (after the last
-      // step: allgather step 0's, the block this rank now holds reduced).
-      sends.push_back(ctx.isend(right, at(i, c), blocks[i].size(c) * es));
-    }
+  const size_t seg = std::max<size_t>(1, ctx.segmentBytes() / es);
+  auto unitsOf = [&](int c, std::vector<Unit>& out) {  // block c of every piece, in piece order
+    for (size_t i = 0; i < m; ++i)
+      for (size_t off = 0, n = blocks[i].size(c); off < n; off += seg)
+        out.push_back({static_cast<uint32_t>(i), c, off, std::min(seg, n - off)});
+  };
+  std::vector<Unit> rs;  // every reduce-scatter receive, step by step
+  for (int s = 0; s < p - 1; ++s) unitsOf(mod(r - s - 1), rs);
+
+  // Reduce-scatter receives land in a small ring of segment slots that stays
+  // in cache (as the flat ring's): a receive is posted kWindow units ahead of
+  // the reduction that consumes it.
+  constexpr size_t kWindow = 4;
+  const size_t slots = std::min(kWindow, std::max<size_t>(1, rs.size()));
+  char* tmp = static_cast<char*>(ctx.scratch(slots * seg * es));
+  auto slot = [&](size_t u) { return tmp + (u % slots) * seg * es; };
+  std::vector<Request*> sends, recvs(rs.size(), nullptr);
+  for (size_t u = 0; u < std::min(slots, rs.size()); ++u) recvs[u] = ctx.irecv(left, slot(u), rs[u].n * es);
+  // Step 0 sends this rank's own block of every piece, from the input.
+  std::vector<Unit> own;
+  unitsOf(r, own);
+  for (const Unit& x : own) sends.push_back(ctx.isend(right, src(x.piece, r) + x.off * es, x.n * es));
+  for (size_t u = 0; u < rs.size(); ++u) {
+    const Unit& x = rs[u];
+    ctx.wait(recvs[u]);
+    char* dst = at(x.piece, x.block) + x.off * es;
+    reduce(dst, src(x.piece, x.block) + x.off * es, slot(u), x.n, a.dtype, a.op);
+    if (u + slots < rs.size()) recvs[u + slots] = ctx.irecv(left, slot(u + slots), rs[u + slots].n * es);
+    // Forward at once: the next step's send of this segment (after the last
+    // step: allgather step 0's, the block this rank now holds reduced).
+    sends.push_back(ctx.isend(right, dst, x.n * es));
   }
   // Allgather: every step's blocks are distinct, so all receives go up at once.
-  std::vector<std::vector<Request*>> ag(p - 1, std::vector<Request*>(m, nullptr));
-  for (int s = 0; s < p - 1; ++s) {
-    const int c = mod(r - s);
-    for (size_t i = 0; i < m; ++i)
-      if (blocks[i].size(c)) ag[s][i] = ctx.irecv(left, at(i, c), blocks[i].size(c) * es);
-  }
-  for (int s = 0; s < p - 1; ++s) {
-    const int c = mod(r - s);
-    for (size_t i = 0; i < m; ++i) {
-      if (!ag[s][i]) continue;
-      ctx.wait(ag[s][i]);
-      if (s < p - 2) sends.push_back(ctx.isend(right, at(i, c), blocks[i].size(c) * es));
-    }
+  std::vector<Unit> ag;
+  for (int s = 0; s < p - 1; ++s) unitsOf(mod(r - s), ag);
+  std::vector<Request*> agr(ag.size());
+  for (size_t u = 0; u < ag.size(); ++u) agr[u] = ctx.irecv(left, at(ag[u].piece, ag[u].block) + ag[u].off * es, ag[u].n * es);
+  const int last = mod(r - (p - 2));  // the block received in the last step is not forwarded
+  for (size_t u = 0; u < ag.size(); ++u) {
+    ctx.wait(agr[u]);
+    if (ag[u].block != last) sends.push_back(ctx.isend(right, at(ag[u].piece, ag[u].block) + ag[u].off * es, ag[u].n * es));
   }
   // A send's buffer is not written again before it completes: a block comes
   // back round the ring only after the right neighbour has used this rank's send.
