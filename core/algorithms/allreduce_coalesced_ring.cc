@@ -105,17 +105,9 @@ void allreduceCoalescedRing(Context& ctx) {
   ctx.waitAll(sends);
 }
 
-namespace {
-// The flat ring's cost with one message per piece per step; the pieces'
-// count is not in the cost signature, so this is the one-piece figure (the
-// only candidate: nothing is compared with it).
-double coalescedRingCost(double n, int p, const TransportParams& t) {
-  const double f = (p - 1.0) / p;
-  return 2 * (p - 1) * t.alpha + 2 * f * n * t.beta + f * n * t.gamma;
-}
-}  // namespace
-
+// Cost: the flat ring's with one piece (the pieces' count is not in the cost
+// signature; the only candidate, so nothing is compared with it).
 HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduceCoalesced, .name = "ring", .fn = allreduceCoalescedRing,
-                         .cost = coalescedRingCost});
+                         .cost = ringAllreduceCost});
 
 }  // namespace harp

@@ -77,14 +77,12 @@ void allreduceRing(Context& ctx) {
   ctx.waitAll(sends);
 }
 
-namespace {
 // 2(p-1) steps of n/p bytes (segments overlap: counted once), one reduction of n(p-1)/p.
-double ringCost(double n, int p, const TransportParams& t) {
+double ringAllreduceCost(double n, int p, const TransportParams& t) {
   const double f = (p - 1.0) / p;
   return 2 * (p - 1) * t.alpha + 2 * f * n * t.beta + f * n * t.gamma;
 }
-}  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "ring", .fn = allreduceRing, .cost = ringCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "ring", .fn = allreduceRing, .cost = ringAllreduceCost});
 
 }  // namespace harp

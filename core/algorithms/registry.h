@@ -40,6 +40,8 @@ namespace harp {
 // allreduce_shm's own fallback when the shm transport has no collective area
 // (HARP_SHM_COLL_BYTES=0), which the selector cannot see.
 void allreduceRing(Context&);
+// The ring allreduce's cost (allreduce_ring.cc), also the coalesced ring's.
+double ringAllreduceCost(double n, int p, const TransportParams& t);
 
 // Helpers shared by algorithms.
 // Copy n bytes unless src == dst.
