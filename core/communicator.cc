@@ -500,9 +500,7 @@ void Communicator::validate(const CollArgs& a) const {
     return;
   }
   if (a.coll == CollType::kAllreduceCoalesced) {
-    if (a.op == ReduceOp::kAvg && (a.dtype == DataType::kInt8 || a.dtype == DataType::kUint8 ||
-                                   a.dtype == DataType::kInt32 || a.dtype == DataType::kUint32 ||
-                                   a.dtype == DataType::kInt64 || a.dtype == DataType::kUint64))
+    if (a.op == ReduceOp::kAvg && isInteger(a.dtype))
       throw InvalidArgument(std::string("allreduce_coalesced: avg of ") + dtypeName(a.dtype) +
                             " is not supported (integer avg widens its data; use allreduce per buffer)");
     if (checkPieces(a.pieces, a.dtype, size_) != a.count)
@@ -741,10 +739,6 @@ void Communicator::execute(CollArgs& a, Work& w) {
 namespace {
 bool isRooted(CollType c) {
   return c == CollType::kBroadcast || c == CollType::kReduce || c == CollType::kGather || c == CollType::kScatter;
-}
-bool isInteger(DataType t) {
-  return t == DataType::kInt8 || t == DataType::kUint8 || t == DataType::kInt32 || t == DataType::kUint32 ||
-         t == DataType::kInt64 || t == DataType::kUint64;
 }
 bool isSigned(DataType t) { return t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64; }
 bool isReduction(CollType c) {

@@ -200,9 +200,7 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 // then they stay in order, as separate calls).
 bool joins(const std::vector<CollArgs>& run, const CollArgs& a) {
   if (a.count == 0) return false;
-  if (a.op == ReduceOp::kAvg && a.dtype != DataType::kFloat16 && a.dtype != DataType::kBfloat16 &&
-      a.dtype != DataType::kFloat32 && a.dtype != DataType::kFloat64)
-    return false;
+  if (a.op == ReduceOp::kAvg && isInteger(a.dtype)) return false;  // validate() refuses it in a list
   if (run.empty()) return true;
   if (a.dtype != run[0].dtype || a.op != run[0].op) return false;
   const size_t n = a.count * dtypeSize(a.dtype);

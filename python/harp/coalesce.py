@@ -86,6 +86,15 @@ class _Chunk:
         self.dt, self.npdt, self.pieces, self.count, self.half = dt, npdt, [], 0, 0
 
 
+def mode() -> str:
+    """HARP_COALESCE, checked: "sg" or "fuse" (InvalidArgumentError naming the value otherwise)."""
+    m = _params.get("HARP_COALESCE").strip().lower()
+    bad = _params.check_value(_params.declared("HARP_COALESCE"), m)
+    if bad:
+        raise InvalidArgumentError(f"HARP_COALESCE={m!r}: {bad}")
+    return m
+
+
 def _plan_sg(arrays, dts, code):
     """Items in issue order: ('list', [indices]) per dtype, or ('direct', index) for integer avg."""
     from ._types import ReduceOp
@@ -304,11 +313,7 @@ def allreduce_coalesced(comm, tensors, op="sum", *, async_op=False, timeout=None
     if comm._pending:
         comm._drain()
     _agree(comm, arrays, dts, code, timeout)
-    mode = _params.get("HARP_COALESCE").strip().lower()
-    bad = _params.check_value(_params.declared("HARP_COALESCE"), mode)
-    if bad:
-        raise InvalidArgumentError(f"HARP_COALESCE={mode!r}: {bad}")
-    if mode == "fuse":
+    if mode() == "fuse":
         half, alone = comm._fusion_half()
         items = _plan(arrays, dts, half, alone)
     else:

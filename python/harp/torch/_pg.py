@@ -249,7 +249,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
             return completed_work("allreduce_coalesced", self._desc, tensors)
         if any(t.device != tensors[0].device for t in tensors):
             raise UnsupportedError("harp allreduce_coalesced: all tensors must be on the same device")
-        if _params.get("HARP_COALESCE").strip().lower() != "fuse":
+        from ..coalesce import mode as coalesce_mode
+        if coalesce_mode() != "fuse":
             return self._allreduce_list(tensors, opts)
         groups = {}
         for t in tensors:
