@@ -682,7 +682,10 @@ std::shared_ptr<Work> Communicator::submit(CollArgs args, bool async) {
   }
   {
     std::lock_guard<std::mutex> ql(q_mu_);
-    if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+    if (!worker_.joinable()) worker_ = std::thread([this] {
+      env::nameThread("harp-worker");
+      workerLoop();
+    });
     queue_.emplace_back(std::move(args), w);
     ++in_flight_;
   }

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "core/base/crypto.h"
+#include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/socket.h"
 #include "core/base/types.h"
@@ -115,7 +116,10 @@ void KeepAlive::start(const std::vector<std::string>& addrs, std::function<std::
   }
   describe_ = std::move(describe);
   cb_ = std::move(cb);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    env::nameThread("harp-keepalive");
+    loop();
+  });
 }
 
 void KeepAlive::stop() {

@@ -252,6 +252,7 @@ void answer(int cfd) {
 }
 
 void observerLoop(int sig_rd, int listen_fd) {
+  env::nameThread("harp-observer");
   for (;;) {
     pollfd p[2] = {{sig_rd, POLLIN, 0}, {listen_fd, POLLIN, 0}};
     int rc = ::poll(p, listen_fd >= 0 ? 2 : 1, -1);
@@ -280,6 +281,7 @@ void observerLoop(int sig_rd, int listen_fd) {
 
 // Ticks the coarse clock every clock_ms and publishes every every_s.
 void publisherLoop(double every_s, int clock_ms) {
+  env::nameThread("harp-publisher");
   using Clock = std::chrono::steady_clock;
   auto next = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(every_s));
   for (;;) {

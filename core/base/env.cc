@@ -1,5 +1,6 @@
 #include "core/base/env.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <strings.h>
 
@@ -142,6 +143,8 @@ size_t parseBytes(const std::string& v, const char* what) {
 }
 
 void warnUnknownVariables() { params::warnUnknownEnvironment(); }
+
+void nameThread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
 int availableCpus() {
   cpu_set_t set;

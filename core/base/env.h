@@ -56,4 +56,8 @@ void warnUnknownVariables();
 // core the rank it waits for needs.
 int availableCpus();
 
+// Names the calling thread (at most 15 characters show) so that top -H, perf,
+// gdb and /proc/<pid>/task/*/comm tell HARP's threads from the application's.
+void nameThread(const char* name);
+
 }  // namespace harp::env

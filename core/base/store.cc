@@ -40,6 +40,7 @@
 #include <map>
 
 #include "core/base/crypto.h"
+#include "core/base/env.h"
 #include "core/base/log.h"
 #include "core/base/types.h"
 
@@ -228,7 +229,10 @@ TcpStoreServer::TcpStoreServer(SockAddr bind_addr, std::string secret) : addr_(b
     ::close(listen_fd_);
     throw ErrnoError("eventfd", e);
   }
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    env::nameThread("harp-store");
+    loop();
+  });
 }
 
 TcpStoreServer::~TcpStoreServer() {
