@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import harp
 import harp.debug
@@ -205,6 +206,16 @@ def _wait_rank(rank, size, flag):
     return os.getpid()
 
 
+ONE_RANK = """
+import glob, os, sys
+import numpy as np
+import harp
+os.environ.update(HARP_UNIQUE_ID=harp.get_unique_id("127.0.0.1:0").hex(), HARP_RANK="0", HARP_WORLD_SIZE="1")
+harp.init().allreduce(np.ones(2))
+print(len(glob.glob(os.environ["XDG_RUNTIME_DIR"] + f"/harp-status-{os.getuid()}.*/*.sock")))
+"""
+
+
 def _control_chars(text):
     return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0]
 
@@ -254,6 +265,15 @@ def test_squatted_status_folder_the_rank_falls_back_and_harp_status_ignores_the_
         comms = json.loads(out["json"])["comms"]
         assert [c["ranks"]["0"]["pid"] for c in comms] == [rank_pid]
         assert os.listdir(folder), "harp-status removed files in another user's folder"
+        # A process that exits (atexit runs; the harness's ranks leave by os._exit) removes its fallback.
+        for d in os.listdir(shared):
+            if d.startswith(f"harp-status-{os.getuid()}."):
+                subprocess.run(["rm", "-rf", os.path.join(shared, d)])
+        p = subprocess.run([sys.executable, "-c", ONE_RANK], env=dict(os.environ, XDG_RUNTIME_DIR=shared,
+                           PYTHONPATH=os.pathsep.join(sys.path)), capture_output=True, text=True, timeout=60)
+        assert "using " + shared in p.stderr and p.stdout.strip() == "1", p.stdout + p.stderr
+        assert not [d for d in os.listdir(shared) if d.startswith(f"harp-status-{os.getuid()}.")], \
+            "the process left its fallback folder behind"
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
@@ -305,6 +325,39 @@ def test_harp_status_refuses_a_folder_another_user_owns(shared, monkeypatch, cap
     text = capsys.readouterr().out
     assert os.path.exists(dead), "harp-status unlinked a file in another user's folder"
     assert "not a private folder" in text, text
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
+                     max_leaves=12)
+_comm = st.fixed_dictionaries({"comm": st.text(), "rank": st.integers(0, 9) | st.integers(),
+                               "size": st.integers(1, 9) | st.integers(),
+                               "hosts": st.lists(st.text() | _json, max_size=3), "transport": st.text(),
+                               "started": st.integers(0, 99), "completed": st.integers(0, 99),
+                               "stall_view": st.text(), "in_flight": st.none() | _json})
+
+
+@settings(max_examples=300, deadline=None)
+@given(comms=st.lists(st.one_of(_comm, _json), max_size=3), extra=st.dictionaries(st.text(), _json, max_size=3),
+       pid=_json, host=_json)
+def test_any_answer_is_refused_by_name_or_printed_without_control_characters(comms, extra, pid, host):
+    raw = json.dumps({**extra, "pid": pid, "host": host, "comms": comms}).encode()
+    try:
+        a = hstatus.parse_answer(raw)
+    except ValueError as e:
+        assert "malformed answer" in str(e)
+        return
+    answers = [("/x/1.sock", a), ("/x/2.sock", {"error": "\x1b[2J" + str(host)})]
+    text = hstatus._text(hstatus.summarize(answers), answers)
+    assert not _control_chars(text), repr(text)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_answers_are_value_errors(raw):
+    try:
+        hstatus.parse_answer(raw)
+    except ValueError:
+        pass
 
 
 # -- harp.elastic.State.sync ---------------------------------------------------------------------------------
