@@ -469,3 +469,117 @@ def test_hugepages_restores_nr_hugepages_when_cleanup_fails(fake_sys, monkeypatc
     assert made[0] in str(e.value), e.value
     os.unlink(os.path.join(made[0], "busy"))
     os.rmdir(made[0])
+
+
+# -- harp._statewire: the data-only format State.sync sends --------------------------------------------------
+
+from harp import _statewire  # noqa: E402
+
+_np_dtypes = st.sampled_from(["<f4", "<f8", "<f2", "<i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8",
+                              "|b1", "<c8", "<c16", ">i4", ">f8"])
+_arrays = st.builds(lambda dt, shape, seed: np.random.default_rng(seed).integers(0, 2, size=shape).astype(dt),
+                    _np_dtypes, st.lists(st.integers(0, 4), max_size=3), st.integers(0, 99))
+_keys = st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8)
+_data = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(max_size=32) | _arrays
+    | st.builds(np.float32, st.floats(width=32)) | st.builds(np.int64, st.integers(-2**63, 2**63 - 1)),
+    lambda kids: st.lists(kids, max_size=4) | st.lists(kids, max_size=4).map(tuple)
+    | st.dictionaries(_keys, kids, max_size=4), max_leaves=20)
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(a, np.generic):
+        return type(a) is type(b) and a.dtype == b.dtype and np.shape(a) == np.shape(b) and \
+            np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    if isinstance(a, float):
+        return type(b) is float and (a == b or (a != a and b != b))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(_data)
+def test_statewire_round_trips_data(x):
+    assert _same(x, _statewire.decode(_statewire.encode(x)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(_data, st.data())
+def test_statewire_refuses_damaged_payloads_by_name(x, d):
+    blob = bytearray(_statewire.encode(x))
+    how = d.draw(st.sampled_from(["flip", "cut", "grow"]))
+    if how == "flip":
+        i = d.draw(st.integers(0, len(blob) - 1))
+        blob[i] ^= d.draw(st.integers(1, 255))
+    elif how == "cut":
+        blob = blob[:d.draw(st.integers(0, len(blob) - 1))]
+    else:
+        blob += d.draw(st.binary(min_size=1, max_size=8))
+    try:
+        _statewire.decode(bytes(blob))
+    except harp.InvalidArgumentError as e:
+        assert "HARP state payload" in str(e)
+
+
+@given(st.binary(max_size=300))
+def test_statewire_refuses_garbage(raw):
+    with pytest.raises(harp.InvalidArgumentError, match="HARP state payload"):
+        _statewire.decode(b"HARPST1\n" + raw if raw[:1] == b"\0" else raw)
+
+
+@pytest.mark.parametrize("header", [b'["a","|O8",[1],false]', b'["T","object",[1],false,false,"cpu"]',
+                                    b'["a","<f8",[99999999999],false]', b'["d",[[["l",[]],["n"]]]]',
+                                    b"[" * 100000, b'["x"]', b'["i",1.5]', b'["b",1]'])
+def test_statewire_refuses_crafted_headers(header):
+    blob = b"HARPST1\n" + len(header).to_bytes(8, "little") + header
+    with pytest.raises(harp.InvalidArgumentError, match="malformed HARP state payload"):
+        _statewire.decode(blob)
+
+
+def test_statewire_refuses_objects_by_path():
+    with pytest.raises(harp.InvalidArgumentError, match=r"state\['opt'\]\[1\] is a .*_Boom"):
+        _statewire.encode({"opt": [1, _Boom("x")]})
+    with pytest.raises(harp.InvalidArgumentError, match="numpy object array"):
+        _statewire.encode(np.array([object()]))
+    with pytest.raises(harp.InvalidArgumentError, match="key is a frozenset"):
+        _statewire.encode({frozenset(): 1})
+
+
+def test_statewire_torch_state_dicts_round_trip():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    for sd in (model.state_dict(), opt.state_dict()):
+        back = _statewire.decode(_statewire.encode(sd))
+        assert type(back) is type(sd) and list(back) == list(sd)
+        flat = lambda o: o if not isinstance(o, dict) else {k: flat(v) for k, v in o.items()}  # noqa: E731
+        assert str(flat(back)) == str(flat(sd))
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    q = _statewire.decode(_statewire.encode(p))
+    assert isinstance(q, torch.nn.Parameter) and q.dtype == torch.bfloat16 and torch.equal(p, q)
+    opt2 = torch.optim.Adam(model.parameters(), lr=0.5)
+    opt2.load_state_dict(_statewire.decode(_statewire.encode(opt.state_dict())))
+    assert opt2.param_groups[0]["lr"] == 0.01
+
+
+def _unsendable(rank, size):
+    from harp import elastic
+
+    comm = harp.init()
+    state = elastic.State(w=np.zeros(3), f=(lambda: 0) if rank == 0 else None)
+    try:
+        state.sync(comm)
+    except harp.InvalidArgumentError as e:
+        return str(e)
+    return "synced"
+
+
+def test_state_sync_of_a_value_that_is_not_data_raises_on_every_rank():
+    msgs = run_ranks(3, _unsendable, env={"HARP_TRANSPORT": "tcp"}, timeout=60)
+    assert "State['f'] is a builtins.function" in msgs[0], msgs[0]
+    assert all("rank 0 could not send its state" in m for m in msgs[1:]), msgs
