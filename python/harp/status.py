@@ -46,7 +46,8 @@ from ._version import __version__
 MAX_ANSWER = 16 << 20
 MAX_RANKS = 1 << 24  # a communicator's size in an answer (the "not seen" list is that long)
 
-__all__ = ["status_dir", "status_dirs", "private_problem", "query", "parse_answer", "collect", "summarize", "escape", "main"]
+__all__ = ["status_dir", "status_dirs", "private_problem", "query", "parse_answer", "collect", "summarize", "escape",
+           "main"]
 
 
 def status_dir() -> str:
@@ -100,7 +101,8 @@ def escape(text) -> str:
     for c in str(text):
         if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
             n = ord(c)
-            out.append(_ESCAPE.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"))
+            hexed = f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+            out.append(_ESCAPE.get(c, hexed))
         else:
             out.append(c)
     return "".join(out)
@@ -188,8 +190,7 @@ def collect(paths=None, request="STATUS", timeout=0.8):
     if paths is None:
         good, bad = status_dirs()
         refused = [(d, {"error": f"not a private folder of this user ({why}): not asked"}) for d, why in bad]
-        paths = [p for d in good for p in sorted(glob.glob(os.path.join(glob.escape(d), "*.sock")))
-                 if stat.S_ISSOCK(os.lstat(p).st_mode)]
+        paths = [p for d in good for p in sorted(glob.glob(os.path.join(glob.escape(d), "*.sock"))) if _is_socket(p)]
     if not paths:
         return refused
 
@@ -205,6 +206,13 @@ def collect(paths=None, request="STATUS", timeout=0.8):
 
     with cf.ThreadPoolExecutor(max_workers=min(32, len(paths))) as ex:
         return refused + [(p, a) for p, a in ex.map(one, paths) if a is not None]
+
+
+def _is_socket(path):
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:  # gone since the listing
+        return False
 
 
 def _stale(path):
