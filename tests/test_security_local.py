@@ -395,6 +395,33 @@ def test_state_sync_does_not_unpickle_what_it_receives(tmp_path):
     assert got.startswith("InvalidArgumentError") and "not a HARP state payload" in got, got
 
 
+def _hvd_inject(rank, size, marker):
+    """The same injection against hvd.elastic.ObjectState.sync (it used hvd.broadcast_object's frames)."""
+    import harp.horovod.torch as hvd
+
+    hvd.init()
+    comm = hvd._comm()
+    if rank == 0:
+        blob = pickle.dumps({"epoch": _Boom(marker)})
+        comm.broadcast(np.array([len(blob)], np.int64), root=0)
+        comm.broadcast(np.frombuffer(blob, np.uint8).copy(), root=0)
+        return "sent"
+    state = hvd.elastic.ObjectState(epoch=0)
+    try:
+        state.sync()
+    except Exception as e:  # noqa: BLE001 - the test reads what the rank saw
+        return f"{type(e).__name__}: {e}"
+    return f"accepted {state.epoch!r}"
+
+
+def test_hvd_object_state_sync_does_not_unpickle_what_it_receives(tmp_path):
+    pytest.importorskip("torch")
+    marker = str(tmp_path / "ran")
+    sent, got = run_ranks(2, _hvd_inject, marker, env={"HARP_TRANSPORT": "tcp"}, timeout=60)
+    assert not os.path.exists(marker), "a crafted payload ran code on the receiving rank"
+    assert got.startswith("InvalidArgumentError") and "not a HARP state payload" in got, got
+
+
 # -- harp-cluster's hugetlbfs mount --------------------------------------------------------------------------
 
 @pytest.fixture
