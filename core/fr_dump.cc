@@ -13,13 +13,22 @@
 // it), harp_algorithm, harp_transport, harp_count. A process's communicators
 // share one file, like a process's process groups in torch.
 //
+// Where: HARP_FR_DUMP_PREFIX when set (the user's choice of folder), else the
+// private folder <$TMPDIR or /tmp>/harp-trace-<uid> (0700, checked: owner, mode,
+// not a symlink; a name someone else took first gives a fresh mkdtemp folder
+// beside it, named in a warning). Files are made with O_EXCL and renamed in.
+//
 // The pickle is written by hand (protocol 2: dicts, lists, tuples, str, int,
 // float, None, bool): no Python is needed where a timeout dumps it.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "core/algorithms/algorithm.h"
 #include "core/base/env.h"
@@ -214,27 +223,108 @@ std::string flightRecordPickle(const std::string& reason) {
   return p.finish();
 }
 
+bool isPrivateFolder(const std::string& dir, std::string* why) {
+  struct stat st;
+  char b[160];
+  if (::lstat(dir.c_str(), &st) != 0) snprintf(b, sizeof b, "%s", std::strerror(errno));
+  else if (S_ISLNK(st.st_mode)) snprintf(b, sizeof b, "a symbolic link");
+  else if (!S_ISDIR(st.st_mode)) snprintf(b, sizeof b, "not a folder");
+  else if (st.st_uid != getuid()) snprintf(b, sizeof b, "owned by uid %u", static_cast<unsigned>(st.st_uid));
+  else if (st.st_mode & 077) snprintf(b, sizeof b, "mode %04o (others have access)", st.st_mode & 07777);
+  else return true;
+  if (why) *why = b;
+  return false;
+}
+
+std::string privateFolder(const std::string& base, const std::string& name, std::string* note) {
+  std::string dir = base + "/" + name, why;
+  ::mkdir(dir.c_str(), 0700);  // EEXIST is fine: what is there is checked next
+  if (isPrivateFolder(dir, &why)) return dir;
+  std::string tmpl = dir + ".XXXXXX";
+  std::vector<char> t(tmpl.begin(), tmpl.end());
+  t.push_back('\0');
+  if (!::mkdtemp(t.data())) {
+    if (note) *note = dir + " is " + why + ", and " + tmpl + ": " + std::strerror(errno);
+    return "";
+  }
+  if (note) *note = dir + " is " + why + " (made by someone else?): using " + t.data() + " instead";
+  return t.data();
+}
+
+namespace {
+
+const char* tmpBase() {
+  const char* t = getenv("TMPDIR");
+  return t && *t == '/' ? t : "/tmp";
+}
+
+// The default folder of this process's dumps, chosen once and checked again at every dump.
+std::string defaultDumpFolder(std::string* err) {
+  static std::mutex mu;
+  static std::string chosen;
+  std::lock_guard<std::mutex> g(mu);
+  if (!chosen.empty() && isPrivateFolder(chosen, nullptr)) return chosen;
+  std::string note;
+  chosen = privateFolder(tmpBase(), "harp-trace-" + std::to_string(getuid()), &note);
+  if (chosen.empty()) {
+    if (err) *err = "no private folder for the flight record: " + note;
+  } else if (!note.empty()) {
+    HARP_WARN("flight record: %s (HARP_FR_DUMP_PREFIX names another place)", note.c_str());
+  }
+  return chosen;
+}
+
+// A prefix the user named: its folder is theirs to choose, but one that other users may write is
+// worth a warning (they can add files there that fr_trace would unpickle).
+void warnIfShared(const std::string& path) {
+  static std::atomic<bool> warned{false};
+  std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  struct stat st;
+  if (::stat(dir.empty() ? "." : dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) && !warned.exchange(true))
+    HARP_WARN("flight record: HARP_FR_DUMP_PREFIX is in %s, which every user may write: files there can be "
+              "added or replaced by others (fr_trace unpickles them); prefer a private folder", dir.c_str());
+}
+
+}  // namespace
+
 std::string dumpFlightRecord(const std::string& reason, std::string* err) {
-  std::string path = env::str("HARP_FR_DUMP_PREFIX") + std::to_string(processGlobalRank());
+  std::string prefix = env::str("HARP_FR_DUMP_PREFIX");
+  if (prefix.empty()) {
+    std::string dir = defaultDumpFolder(err);
+    if (dir.empty()) return "";
+    prefix = dir + "/harp_trace_rank_";
+  } else {
+    warnIfShared(prefix);
+  }
+  std::string path = prefix + std::to_string(processGlobalRank());
   std::string bytes = flightRecordPickle(reason);
-  // Written beside, then renamed: a reader never sees half a file.
-  std::string tmp = path + ".tmp" + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A fresh file beside the target (mkostemp: O_CREAT|O_EXCL, 0600, never an existing file or
+  // symlink), renamed into place: a reader never sees half a file, and whatever stood at the name
+  // (a planted symlink, another user's file) is replaced, never written through or truncated.
+  std::string tmpl = path + ".tmpXXXXXX";
+  std::vector<char> tmp(tmpl.begin(), tmpl.end());
+  tmp.push_back('\0');
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) {
-    if (err) *err = tmp + ": " + std::strerror(errno);
+    if (err) *err = tmpl + ": " + std::strerror(errno);
     return "";
   }
   size_t off = 0;
+  int werr = 0;
   while (off < bytes.size()) {
     ssize_t w = ::write(fd, bytes.data() + off, bytes.size() - off);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
+    if (w <= 0) {
+      werr = w < 0 ? errno : ENOSPC;
+      break;
+    }
     off += static_cast<size_t>(w);
   }
-  ::close(fd);
-  if (off != bytes.size() || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (err) *err = path + ": " + std::strerror(errno);
-    ::unlink(tmp.c_str());
+  if (::close(fd) != 0 && !werr) werr = errno;
+  if (!werr && ::rename(tmp.data(), path.c_str()) != 0) werr = errno;
+  if (werr) {
+    if (err) *err = path + ": " + std::strerror(werr);
+    ::unlink(tmp.data());
     return "";
   }
   return path;

@@ -19,7 +19,9 @@
 //
 // Status socket: HARP_STATUS=1 (default, like NCCL RAS) makes
 // <HARP_STATUS_DIR or $XDG_RUNTIME_DIR or /tmp>/harp-status-<uid>/<pid>.sock,
-// the folder 0700 and the socket 0600, and answers only peers of the same uid
+// the folder 0700 (checked: owner, mode, not a symlink; when another user made
+// that name first, a fresh harp-status-<uid>.XXXXXX beside it, which harp-status
+// also asks) and the socket 0600, and answers only peers of the same uid
 // (or root; SO_PEERCRED). Requests are read up to 64 bytes within 1 s;
 // answers are written within 2 s. harp-status (python/harp/status.py) asks
 // every socket of the folder.
@@ -59,6 +61,7 @@ struct State {
   bool started = false;
   int listen_fd = -1;
   std::string sock_path;
+  std::string own_dir;  // a fallback status folder this process made (removed at exit)
   pid_t owner = 0;
 };
 
@@ -89,13 +92,16 @@ void atforkChild() {
   if (s.listen_fd >= 0) ::close(s.listen_fd);  // the parent's socket stays the parent's
   s.listen_fd = -1;
   s.sock_path.clear();
+  s.own_dir.clear();
   g_sig_fd.store(-1);
   s.mu.unlock();
 }
 
 void unlinkAtExit() {
   State& s = state();
-  if (s.owner == getpid() && !s.sock_path.empty()) ::unlink(s.sock_path.c_str());
+  if (s.owner != getpid()) return;
+  if (!s.sock_path.empty()) ::unlink(s.sock_path.c_str());
+  if (!s.own_dir.empty()) ::rmdir(s.own_dir.c_str());
 }
 
 std::string jsonStr(const std::string& v) {
@@ -174,22 +180,34 @@ std::string commJson(Recorder& r) {
          jsonStr(r.stallView()) + ",\"metrics\":" + metricsJson(r) + "}";
 }
 
-std::string statusDir() {
-  std::string d = env::str("HARP_STATUS_DIR");
-  if (!d.empty()) return d;
+// HARP_STATUS_DIR when set (refused unless private), else <$XDG_RUNTIME_DIR or
+// /tmp>/harp-status-<uid>, or a fresh <that>.XXXXXX when someone else made that
+// name first (privateFolder; harp-status asks there too). *made: a folder this
+// process made for itself, removed at exit.
+std::string statusDir(std::string* made) {
+  std::string d = env::str("HARP_STATUS_DIR"), why;
+  if (!d.empty()) {
+    ::mkdir(d.c_str(), 0700);  // EEXIST is fine: what is there is checked next
+    if (isPrivateFolder(d, &why)) return d;
+    HARP_WARN("status socket off: HARP_STATUS_DIR %s is %s, not a private folder of this user", d.c_str(),
+              why.c_str());
+    return "";
+  }
   const char* x = getenv("XDG_RUNTIME_DIR");
-  return std::string(x && *x ? x : "/tmp") + "/harp-status-" + std::to_string(getuid());
+  std::string base = x && *x == '/' ? x : "/tmp", name = "harp-status-" + std::to_string(getuid()), note;
+  d = privateFolder(base, name, &note);
+  if (d.empty()) HARP_WARN("status socket off: %s", note.c_str());
+  else if (!note.empty()) {
+    HARP_WARN("status socket: %s", note.c_str());
+    *made = d;
+  }
+  return d;
 }
 
-// The folder must be ours and private: created 0700, refused if not owned by us.
-int openStatusSocket(std::string* path) {
-  std::string dir = statusDir();
-  ::mkdir(dir.c_str(), 0700);
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
-    HARP_WARN("status socket off: %s is not a private folder of this user (HARP_STATUS_DIR)", dir.c_str());
-    return -1;
-  }
+// The folder must be ours and private (statusDir); the socket 0600 in it.
+int openStatusSocket(std::string* path, std::string* made) {
+  std::string dir = statusDir(made);
+  if (dir.empty()) return -1;
   *path = dir + "/" + std::to_string(getpid()) + ".sock";
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -316,7 +334,7 @@ void startLocked(State& s) {
     }
   }
   if (env::flag("HARP_STATUS")) {
-    s.listen_fd = openStatusSocket(&s.sock_path);
+    s.listen_fd = openStatusSocket(&s.sock_path, &s.own_dir);
     static bool once = [] { return std::atexit(unlinkAtExit) == 0; }();
     (void)once;
   }

@@ -302,11 +302,23 @@ std::vector<std::shared_ptr<Recorder>> liveRecorders();  // in creation order
 
 // Flight-recorder dump of every live communicator of this process, in the
 // pickle torch's analyser reads (torch/distributed/flight_recorder: fr_trace
-// <dir>): one file <HARP_FR_DUMP_PREFIX><global rank>. Returns the path, or ""
-// with *err set. Any thread; `reason` goes into the dump's "harp" section.
+// <dir>): one file <HARP_FR_DUMP_PREFIX><global rank>, by default
+// <$TMPDIR or /tmp>/harp-trace-<uid>/harp_trace_rank_<rank> (privateFolder).
+// The file is made 0600 with O_EXCL beside the target and renamed in: a symlink
+// or another user's file at that name is replaced, never written through.
+// Returns the path, or "" with *err set. Any thread; `reason` goes into the
+// dump's "harp" section.
 std::string dumpFlightRecord(const std::string& reason, std::string* err);
 std::string flightRecordPickle(const std::string& reason);  // the bytes of that file
 int processGlobalRank();  // RANK / HARP_RANK, else the first communicator's rank
+
+// A folder only this user can enter: a real folder (not a symlink), owned by
+// getuid(), no group/other permission bits; else false with *why set.
+bool isPrivateFolder(const std::string& dir, std::string* why);
+// <base>/<name>, made 0700 if missing, when it is private; when someone else
+// made that name first, a fresh mkdtemp <base>/<name>.XXXXXX (harp-status
+// looks there too), with *note saying so. "" with *note set when neither works.
+std::string privateFolder(const std::string& base, const std::string& name, std::string* note);
 
 // Every live communicator of this process as JSON (harp-status, metrics), and
 // the status socket's path ("" when off); core/observer.cc.

@@ -3,7 +3,7 @@
 HARP keeps a flight recorder per communicator (core/recorder.h): a ring of the
 last HARP_FR_ENTRIES operations (sequence number, collective, dtype, count,
 algorithm, transport, state, start and end times), always on. It is written
-to ``<HARP_FR_DUMP_PREFIX><global rank>`` (default ``/tmp/harp_trace_rank_<r>``)
+to ``<HARP_FR_DUMP_PREFIX><global rank>`` (default ``<$TMPDIR or /tmp>/harp-trace-<uid>/harp_trace_rank_<r>``, a 0700 folder)
 when a communicator breaks (a timeout, a mismatch, a dead peer, abort();
 HARP_FR_DUMP_ON_FAILURE=0 turns that off), on SIGUSR1 (HARP_FR_SIGNAL), on
 ``harp-status --dump`` and by :func:`dump`. The file is the pickle torch's

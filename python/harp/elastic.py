@@ -50,18 +50,17 @@ Threading: one thread drives ``run``; ``State`` is not locked.
 from __future__ import annotations
 
 import copy
-import pickle
 import time
 
-import numpy as np
-
+from . import _statewire
 from .errors import HarpError, InvalidArgumentError
 
 __all__ = ["State", "run", "Reset", "shrink_to_survivors", "shrink_torch_group"]
 
 
 class State:
-    """Named training state (numpy arrays, numbers, any picklable object) with commit/restore/sync.
+    """Named training state (numpy arrays, torch tensors, numbers, strings, lists/tuples/dicts of them)
+    with commit/restore/sync.
 
     Attributes read and write the live values (``state.step += 1``); ``commit()`` takes a copy,
     ``restore()`` puts the copy back, ``sync(comm)`` makes every rank's committed and live state
@@ -94,14 +93,14 @@ class State:
         object.__setattr__(self, "_live", copy.deepcopy(self._saved))
 
     def sync(self, comm, root: int = 0):
-        """Collective: every rank takes rank ``root``'s committed state (then live = committed)."""
-        blob = pickle.dumps(self._saved, protocol=pickle.HIGHEST_PROTOCOL) if comm.rank == root else b""
-        n = np.array([len(blob)], np.int64)
-        comm.broadcast(n, root=root)
-        buf = np.frombuffer(blob, np.uint8).copy() if comm.rank == root else np.empty(int(n[0]), np.uint8)
-        comm.broadcast(buf, root=root)
-        if comm.rank != root:
-            object.__setattr__(self, "_saved", pickle.loads(buf.tobytes()))
+        """Collective: every rank takes rank ``root``'s committed state (then live = committed).
+
+        Sent as data, never pickled (harp._statewire): values are None, bool, int, float, str, bytes,
+        lists, tuples, dicts, numpy arrays and scalars, torch tensors. Anything else raises
+        InvalidArgumentError naming it (on root; the other ranks raise too), and received bytes that
+        are not such a payload raise InvalidArgumentError instead of running anything."""
+        saved = _statewire.broadcast(comm, self._saved, root, "harp.elastic.State")
+        object.__setattr__(self, "_saved", saved)
         self.restore()
 
 

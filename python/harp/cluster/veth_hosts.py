@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 
 
 def dpdk_unavailable() -> str:
@@ -35,34 +36,59 @@ def _run(cmd, check=True):
     return r
 
 
+NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
+FREE_2M = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"
+
+
+def _read_int(path):
+    with open(path) as f:
+        return int(f.read())
+
+
 @contextlib.contextmanager
 def hugepages(pages: int = 400):
     """Make `pages` 2 MB hugepages free and hugetlbfs mounted for the duration; restore after.
-    Yields None when that is impossible here, with the reason in the exception text."""
-    nr_path = "/proc/sys/vm/nr_hugepages"
-    with open(nr_path) as f:
-        before = int(f.read())
+    Raises RuntimeError (with the reason) when that is impossible here.
+
+    A mount this makes goes on a fresh tempfile.mkdtemp folder (0700, a name nobody could
+    plant a symlink at beforehand). nr_hugepages is put back first on the way out, whatever
+    fails later (unmounting, removing the folder), and a failed cleanup is raised naming the
+    mount left behind."""
+    before = _read_int(NR_HUGEPAGES)
     mounted_by_us = None
-    have_mount = any(l.split()[2] == "hugetlbfs" for l in open("/proc/mounts"))
     try:
-        free = int(open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read())
+        with open("/proc/mounts") as f:
+            have_mount = any(len(l.split()) > 2 and l.split()[2] == "hugetlbfs" for l in f)
+        free = _read_int(FREE_2M)
         if free < pages:
-            with open(nr_path, "w") as f:
+            with open(NR_HUGEPAGES, "w") as f:
                 f.write(str(before + pages - free))
-        free = int(open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read())
+        free = _read_int(FREE_2M)
         if free < pages:
             raise RuntimeError(f"could reserve only {free} of {pages} hugepages")
         if not have_mount:
-            mounted_by_us = f"/tmp/harp-hugetlbfs-{os.getpid()}"
-            os.makedirs(mounted_by_us, exist_ok=True)
+            mounted_by_us = tempfile.mkdtemp(prefix="harp-hugetlbfs-")
             _run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "nodev", mounted_by_us])
         yield
     finally:
-        if mounted_by_us:
-            subprocess.run(["umount", mounted_by_us], capture_output=True)
-            os.rmdir(mounted_by_us)
-        with open(nr_path, "w") as f:
-            f.write(str(before))
+        try:
+            with open(NR_HUGEPAGES, "w") as f:
+                f.write(str(before))
+        finally:
+            if mounted_by_us:
+                _unmount(mounted_by_us)
+
+
+def _unmount(folder):
+    """umount and remove our mount folder; RuntimeError naming it when that fails."""
+    r = subprocess.run(["umount", folder], capture_output=True, text=True)
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise RuntimeError(f"hugetlbfs left mounted on {folder}: umount: {(r.stderr or '').strip() or r.returncode}; "
+                           f"rmdir: {e.strerror}") from None
 
 
 class Host:

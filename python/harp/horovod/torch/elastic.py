@@ -41,7 +41,9 @@ import functools
 from harp.elastic import shrink_to_survivors
 from harp.errors import HarpError, InvalidArgumentError
 
-from . import _state, broadcast_object, broadcast_optimizer_state, broadcast_parameters, rank
+from harp import _statewire
+
+from . import _comm, _join, _state, broadcast_parameters, rank
 
 __all__ = ["State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "run"]
 
@@ -84,8 +86,16 @@ class State:
         raise NotImplementedError
 
 
+def _broadcast_data(obj, what):
+    """Rank 0's obj on every rank, as data (hvd.broadcast_object pickles; this never unpickles)."""
+    c = _comm()
+    _join.guard(c, "broadcast_object")
+    return _statewire.broadcast(c, obj, 0, what)
+
+
 class ObjectState(State):
-    """Picklable attributes given as keyword arguments (state.epoch, state.batch, ...)."""
+    """Attributes given as keyword arguments (state.epoch, state.batch, ...): data that sync sends
+    without pickling (None, bool, int, float, str, bytes, lists, tuples, dicts, numpy arrays, tensors)."""
 
     def __init__(self, **kwargs):
         super().__init__()
@@ -103,8 +113,8 @@ class ObjectState(State):
             setattr(self, k, copy.deepcopy(v))
 
     def sync(self):
-        if self._names:
-            self._saved = broadcast_object(self._saved, root_rank=0)
+        if self._names:  # as data, never pickled (harp._statewire; State.sync of harp.elastic)
+            self._saved = _broadcast_data(self._saved, "hvd.elastic.ObjectState")
             ObjectState.restore(self)
 
 
@@ -135,8 +145,11 @@ class TorchState(ObjectState):
     def sync(self):
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self.optimizer is not None:  # hvd.broadcast_optimizer_state, but as data
+            sd = _broadcast_data(self.optimizer.state_dict() if rank() == 0 else None,
+                                 "hvd.elastic.TorchState optimizer")
+            if rank() != 0:
+                self.optimizer.load_state_dict(sd)
         super().sync()
         self.save()
 
