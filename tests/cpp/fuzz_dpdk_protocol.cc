@@ -16,6 +16,7 @@
 //   chunk-flood    one-byte chunks of one unposted message (per-chunk staging cost)
 //   random         a real sender's frames, mutated or replaced by random ones
 //   roundtrip      two protocols over a lossy, duplicating, reordering link: exact data
+//   unproven       frames from a peer whose HELLO proof was not verified yet: none counts
 // Prints "OK <case> ..." and exits 0; a violated property prints "FAIL ..." and
 // exits 1; a sanitizer report aborts the process.
 #include <cstdint>
@@ -139,6 +140,7 @@ void stagedOffset() {
   Capture io;
   Protocol p(kComm, 1, 2, &io, config(1 << 20));
   p.setPeer(0, 1000);
+  p.setVerified(0);
   std::vector<uint8_t> pl(100, 0xab);
   // 100 bytes at offset 64 of a 100-byte message: 64 past its end.
   feed(p, dataHdr(0, 1, 0, 0, 64, 100, 100, 5, w::kFlagLast), pl);
@@ -152,6 +154,7 @@ void postedWrap() {
   Capture io;
   Protocol p(kComm, 1, 2, &io, config(1 << 20));
   p.setPeer(0, 1000);
+  p.setVerified(0);
   Recv r(100, 5);
   p.irecv(0, &r.r);
   std::vector<uint8_t> pl(100, 0xcd);
@@ -167,6 +170,7 @@ void flood(const char* name, size_t stage_bytes, int frames, size_t limit, F mak
   Capture io;
   Protocol p(kComm, 1, 2, &io, config(stage_bytes));
   p.setPeer(0, 1000);
+  p.setVerified(0);
   size_t base = __sanitizer_get_current_allocated_bytes(), peak = 0;
   std::vector<uint8_t> pl;
   for (int i = 0; i < frames; i++) {
@@ -200,6 +204,36 @@ void chunkFlood(int frames) {
     pl->assign(1, static_cast<uint8_t>(i));
     return dataHdr(0, 1, i, 1, static_cast<uint64_t>(i) * 1000, 1, 16u << 20, 9, 0);
   });
+}
+
+// Everything but HELLO from a peer not yet verified is dropped: data, acks, pings,
+// goodbyes and aborts alike. Once verified, the same data frame is taken.
+void unproven() {
+  Capture io;
+  Protocol p(kComm, 1, 2, &io, config(1 << 20));
+  p.setPeer(0, 1000);
+  Recv r(100, 5);
+  p.irecv(0, &r.r);
+  std::vector<uint8_t> pl(100, 0xee);
+  WireHdr d = dataHdr(0, 1, 0, 0, 0, 100, 100, 5, w::kFlagFirst | w::kFlagLast);
+  feed(p, d, pl);
+  if (r.r.done()) fail("unproven: a DATA frame from an unverified peer completed a receive");
+  for (PktType t : {PktType::kAck, PktType::kPing, PktType::kBye, PktType::kAbort}) {
+    WireHdr h = d;
+    h.type = static_cast<uint8_t>(t);
+    feed(p, h, pl);
+  }
+  if (!p.controls().empty() || p.peerFailed(0)) fail("unproven: a control frame from an unverified peer was taken");
+  WireHdr hello = d;
+  hello.type = static_cast<uint8_t>(PktType::kHello);
+  hello.tag = w::kHelloAuthVersion;
+  feed(p, hello, pl);
+  if (p.controls().size() != 1) fail("unproven: a HELLO from an unverified peer was not handed up");
+  if (p.stats().unproven != 5) fail("unproven: " + std::to_string(p.stats().unproven) + " frames counted, not 5");
+  p.setVerified(0);
+  feed(p, d, pl);
+  if (r.r.state != Request::kDone || r.buf[99] != 0xee) fail("unproven: a verified peer's frame was not taken");
+  printf("OK unproven: 5 frames of an unverified peer dropped, its HELLO handed up, data taken once verified\n");
 }
 
 // ----------------------------------------------------------------- random
@@ -237,15 +271,22 @@ void mutate(Rng& g, WireHdr& h, std::vector<uint8_t>& pl) {
   }
 }
 
+// What the generated frames reached, so a run that only ever hits the first
+// check (and exercises nothing behind it) fails instead of passing.
+struct Coverage {
+  uint64_t data_rx = 0, staged = 0, malformed = 0, unproven = 0, completed = 0, mismatched = 0;
+};
+
 struct Episode {
   Rng& g;
+  Coverage& cov;
   Capture vio, sio;  // victim's frames, sender's frames
   std::unique_ptr<Protocol> victim, sender;
   std::deque<std::unique_ptr<Recv>> recvs;
   std::deque<std::unique_ptr<Recv>> sends;  // victim's and sender's send buffers
   std::vector<uint64_t> lens;               // the sender's message k: lens[k] bytes, tag k
   size_t posted = 0;
-  explicit Episode(Rng& rng) : g(rng) {
+  Episode(Rng& rng, Coverage& c) : g(rng), cov(c) {
     size_t stage = 1024u << g.below(8);
     victim = std::make_unique<Protocol>(kComm, 1, 3, &vio, config(stage));
     sender = std::make_unique<Protocol>(kComm, 0, 3, &sio, config(stage));
@@ -253,8 +294,20 @@ struct Episode {
     victim->setPeer(0, payload);
     victim->setPeer(2, payload);
     sender->setPeer(1, payload);
+    victim->setVerified(0);
+    if (g.chance(0.5)) victim->setVerified(2);  // rank 2 is sometimes still unproven
+    sender->setVerified(1);
   }
   ~Episode() {  // the protocols hold request pointers: they go first
+    const auto& st = victim->stats();
+    cov.data_rx += st.data_rx;
+    cov.staged += st.staged;
+    cov.malformed += st.malformed;
+    cov.unproven += st.unproven;
+    for (auto& r : recvs) {
+      cov.completed += r->r.state == Request::kDone;
+      cov.mismatched += r->r.failure == Request::kMismatch;
+    }
     victim.reset();
     sender.reset();
   }
@@ -319,8 +372,9 @@ void randomCase(uint64_t seed, int iters) {
   size_t peak = 0;
   long steps = 0;
   int episodes = 0;
+  Coverage cov;
   while (steps < iters) {
-    Episode e(g);
+    Episode e(g, cov);
     int n = 200 + static_cast<int>(g.below(3000));
     for (int i = 0; i < n && steps < iters; i++, steps++) {
       e.step();
@@ -332,6 +386,12 @@ void randomCase(uint64_t seed, int iters) {
     episodes++;
   }
   if (peak > (256u << 20)) fail("random: the heap grew by " + std::to_string(peak) + " bytes");
+  printf("random: data frames taken %llu (staged %llu), malformed %llu, unproven %llu; receives completed %llu, "
+         "mismatched %llu\n",
+         (unsigned long long)cov.data_rx, (unsigned long long)cov.staged, (unsigned long long)cov.malformed,
+         (unsigned long long)cov.unproven, (unsigned long long)cov.completed, (unsigned long long)cov.mismatched);
+  if (iters >= 10000 && !(cov.data_rx && cov.staged && cov.malformed && cov.completed && cov.mismatched))
+    fail("random: the generated frames did not reach every path (see the counts above)");
   printf("OK random: %ld steps in %d episodes, seed %llu, peak heap growth %zu bytes\n", steps, episodes,
          (unsigned long long)seed, peak);
 }
@@ -348,6 +408,8 @@ void roundtrip(uint64_t seed, int iters) {
     uint32_t payload = static_cast<uint32_t>(64 + g.below(1500));
     a.setPeer(1, payload);
     b.setPeer(0, payload);
+    a.setVerified(1);
+    b.setVerified(0);
     int n = 1 + static_cast<int>(g.below(40));
     std::vector<std::unique_ptr<Recv>> sends, recvs;
     for (int i = 0; i < n; i++) {
@@ -427,6 +489,7 @@ int main(int argc, char** argv) {
   else if (c == "chunk-flood") chunkFlood(iters);
   else if (c == "random") randomCase(seed, iters);
   else if (c == "roundtrip") roundtrip(seed, iters);
+  else if (c == "unproven") unproven();
   else {
     fprintf(stderr, "unknown case %s\n", c.c_str());
     return 2;
