@@ -21,7 +21,9 @@ SOURCES = [os.path.join(ROOT, "tests", "cpp", "fuzz_dpdk_protocol.cc"),
            os.path.join(ROOT, "transport", "dpdk", "protocol.cc")]
 FLAGS = ["-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=all", "-Wall", "-Wextra", "-Wno-unused-parameter", "-I", ROOT]
-SAN_ENV = {"ASAN_OPTIONS": "abort_on_error=0:halt_on_error=1:detect_leaks=1:exitcode=23",
+# Leak checking is off: its stop-the-world needs ptrace, which some CI containers forbid;
+# the cases bound heap growth themselves.
+SAN_ENV = {"ASAN_OPTIONS": "abort_on_error=0:halt_on_error=1:detect_leaks=0:exitcode=23",
            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=24"}
 
 
