@@ -32,4 +32,6 @@ def selftest_binary() -> str | None:
 
 
 def leftover_memif_sockets() -> list[str]:
-    return glob.glob("/tmp/harp-memif-*.sock")
+    """memif socket files left behind under the default HARP_DPDK_MEMIF_DIR (/tmp): in
+    this user's private folder, or (before it existed) in /tmp itself."""
+    return glob.glob(f"/tmp/harp-memif-{os.geteuid()}/*.sock") + glob.glob("/tmp/harp-memif-*.sock")

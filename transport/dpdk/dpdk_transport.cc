@@ -103,6 +103,7 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
   pc.rto_min_ns = static_cast<uint64_t>(env::real("HARP_DPDK_RTO_MIN_MS") * 1e6);
   pc.peer_timeout_ns = timeoutNs(std::max(info.timeout_s, 1.0));  // saturates (HARP_TIMEOUT=inf)
   pc.stage_bytes = env::bytes("HARP_DPDK_STAGE_BYTES");
+  pc.stage_msgs = static_cast<size_t>(std::max<long long>(1, env::integer("HARP_DPDK_STAGE_MSGS")));
   pc.eager_bytes = env::bytes("HARP_DPDK_EAGER_BYTES");
   proto_ = std::make_unique<Protocol>(info.comm_id, info.rank, info.size, this, pc);
   boot_id_ = readFirstLine("/proc/sys/kernel/random/boot_id");
@@ -122,11 +123,13 @@ DpdkTransport::~DpdkTransport() {
   std::lock_guard<std::mutex> g(mu_);
   const ProtocolStats& st = proto_->stats();
   HARP_INFO("dpdk: comm %016llx closing: data packets tx %llu rx %llu, retransmitted %llu (timeouts %llu), "
-            "duplicates %llu, out of order %llu, acks tx %llu rx %llu, staged %llu (dropped %llu)",
+            "duplicates %llu, out of order %llu, acks tx %llu rx %llu, staged %llu (dropped %llu), "
+            "dropped malformed %llu, dropped before the peer's proof %llu",
             (unsigned long long)info_.comm_id, (unsigned long long)st.data_tx, (unsigned long long)st.data_rx,
             (unsigned long long)st.retx, (unsigned long long)st.timeouts, (unsigned long long)st.dup_rx,
             (unsigned long long)st.ooo_rx, (unsigned long long)st.acks_tx, (unsigned long long)st.acks_rx,
-            (unsigned long long)st.staged, (unsigned long long)st.stage_drops);
+            (unsigned long long)st.staged, (unsigned long long)st.stage_drops, (unsigned long long)st.malformed,
+            (unsigned long long)st.unproven);
   for (Link* l : links_)
     HARP_INFO("dpdk: link %s: tx dropped (ring full) %llu, frames for no receiver %llu", l->name.c_str(),
               (unsigned long long)l->tx_drops.load(), (unsigned long long)l->rx_foreign.load());
@@ -139,6 +142,7 @@ DpdkTransport::~DpdkTransport() {
     while (proto_->hasPending() && Protocol::nowNs() < until) {
       if (!progressLocked()) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
+    sendProofs();
     proto_->broadcastControl(PktType::kBye, "");
     flushTx();
   }
@@ -154,6 +158,7 @@ std::string DpdkTransport::localAddress(int peer) {
   MacAddr mac;
   uint32_t payload;
   if (rt_->memifMode()) {
+    rt_->memifDir();  // every rank checks its socket folder now: a bad one fails all at once
     // memif: the lower pid serves the link; create it now, before the peer
     // (which learns our pid from this blob) connects as the client.
     int ppid = peer < static_cast<int>(peer_info_.size()) ? peer_info_[peer].pid : 0;
@@ -233,7 +238,6 @@ void DpdkTransport::connect(const std::vector<int>& peers, const std::vector<std
     bool all = true;
     for (int p : peers) {
       PeerLink& pl = peers_[p];
-      if (!pl.acked && proto_->dataSeen(p)) pl.acked = true;
       if (pl.acked) continue;
       all = false;
       if (pl.link->is_memif && pl.link->memif_server && pl.link->up() && !pl.link->socket_removed.exchange(true)) {
@@ -421,6 +425,7 @@ void DpdkTransport::onHello(const Protocol::Control& c) {
   if ((c.flags & kFlagHeard) && !proven && bad_hellos_++ < 5)
     HARP_WARN("dpdk: ignoring a HELLO claiming rank %d with a wrong proof (wrong communicator token, or a replay)",
               c.peer);
+  if (proven) proto_->setVerified(c.peer);  // from now on its other frames count
   if ((c.flags & kFlagHeard) && proven && !pl.acked) {
     pl.acked = true;
     // Confirm once, so the peer completes even if it sent no HEARD hello
@@ -428,6 +433,16 @@ void DpdkTransport::onHello(const Protocol::Control& c) {
     if (c.flags & kFlagReply) proto_->sendHello(c.peer, helloBody(c.peer), kFlagHeard | kFlagReply);
   }
   if (!(c.flags & kFlagReply)) proto_->sendHello(c.peer, helloBody(c.peer), kFlagHeard | kFlagReply);
+}
+
+// Before an ABORT or BYE: our proof once more to every peer we completed the
+// handshake with. A peer whose copy of our confirming HELLO was lost has not
+// verified us yet and would drop the ABORT/BYE (Protocol::onFrame); this one
+// lets it verify us first, so it learns that we left instead of timing out.
+void DpdkTransport::sendProofs() {
+  for (int p = 0; p < info_.size; p++)
+    if (peers_[p].pair && peers_[p].acked && !peers_[p].their_nonce.empty())
+      proto_->sendHello(p, helloBody(p), kFlagHeard | kFlagReply);
 }
 
 void DpdkTransport::handleControls() {
@@ -442,7 +457,7 @@ void DpdkTransport::handleControls() {
         onHello(c);
         break;
       case PktType::kAbort:
-        pl.acked = true;  // it got through its handshake with us
+        pl.acked = true;  // it proved the token (frames of unverified peers never get here)
         proto_->failPeer(c.peer, "rank " + std::to_string(c.peer) + " aborted the communicator: " + c.text);
         break;
       case PktType::kBye:
@@ -578,6 +593,7 @@ void DpdkTransport::abort(const std::string& why) {
   std::lock_guard<std::mutex> g(mu_);
   if (aborted_.exchange(true)) return;
   if (connected_) {
+    sendProofs();
     proto_->broadcastControl(PktType::kAbort, why);
     flushTx();
   }

@@ -61,6 +61,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   void handleFrame(rte_mbuf* m);
   void processFrame(rte_mbuf* m);
   void handleControls();
+  void sendProofs();  // a proving HELLO to every connected peer (before ABORT/BYE)
   void onHello(const Protocol::Control& c);
   std::string helloBody(int peer) const;
   std::string helloContext(int peer) const;

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <rte_eal.h>
@@ -18,6 +19,7 @@
 #include <rte_version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -536,7 +538,40 @@ Link* Runtime::l2Link() {
   return l2_.get();
 }
 
+// <HARP_DPDK_MEMIF_DIR>/harp-memif-<euid>, mode 0700: only this user can enter
+// it, so nobody else can take a socket's name first or connect to it. An
+// existing one is used only when it is a real folder of this user, closed to
+// others (whoever prepared it otherwise could reach the sockets inside).
+std::string Runtime::memifDir() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!memif_dir_.empty()) return memif_dir_;
+  const unsigned uid = geteuid();
+  std::string dir = env::str("HARP_DPDK_MEMIF_DIR") + "/harp-memif-" + std::to_string(uid);
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw unavailable("cannot create the memif socket folder " + dir + ": " + strerror(errno) +
+                      " (HARP_DPDK_MEMIF_DIR names its parent)");
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) throw unavailable("cannot stat " + dir + ": " + strerror(errno));
+  const std::string fix = ": remove it, or set HARP_DPDK_MEMIF_DIR to another parent folder";
+  if (!S_ISDIR(st.st_mode))
+    throw unavailable("the memif socket folder " + dir + " is not a folder (a symlink or file someone put there?)" +
+                      fix);
+  if (st.st_uid != uid)
+    throw unavailable("the memif socket folder " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                      ", not to this user (uid " + std::to_string(uid) + "): whoever made it can reach its sockets" +
+                      fix);
+  if (st.st_mode & 077) {
+    char mode[8];
+    snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw unavailable("the memif socket folder " + dir + " is open to other users (mode " + mode +
+                      "): chmod 700 it, or remove it" + fix.substr(fix.find(',')));
+  }
+  memif_dir_ = dir;
+  return dir;
+}
+
 Link* Runtime::memifLink(int peer_pid, double timeout_s) {
+  std::string dir = memifDir();
   std::lock_guard<std::mutex> g(mu_);
   auto it = memif_.find(peer_pid);
   if (it != memif_.end()) return it->second.get();
@@ -546,7 +581,6 @@ Link* Runtime::memifLink(int peer_pid, double timeout_s) {
                            mtu + kEthHdrLen);
   int me = getpid();
   bool server = me < peer_pid;
-  std::string dir = env::str("HARP_DPDK_MEMIF_DIR");
   std::string sock = dir + "/harp-memif-" + std::to_string(std::min(me, peer_pid)) + "-" +
                      std::to_string(std::max(me, peer_pid)) + ".sock";
   if (server) {

@@ -6,7 +6,8 @@
 //     every communicator of that process; peers are addressed by MAC.
 //   * memif (default): memif is a point-to-point link, so there is one memif
 //     port per peer *process* (a cable per peer), shared by every communicator
-//     between those two processes. The lower pid is the memif server.
+//     between those two processes. The lower pid is the memif server; its
+//     socket lives in a folder only this user can enter (Runtime::memifDir).
 //   A peer in this same process is reached through a software loopback link.
 //
 // Frames for a (communicator, rank) other than the caller's are handed to that
@@ -116,6 +117,10 @@ class Runtime {
   Link* l2Link();
   // memif mode: the link to the process `peer_pid` (created on first use).
   Link* memifLink(int peer_pid, double timeout_s);
+  // memif mode: the private folder of this user's memif sockets,
+  // <HARP_DPDK_MEMIF_DIR>/harp-memif-<euid> (mode 0700), created or checked on
+  // first use (throws kUnavailable naming what is wrong with it).
+  std::string memifDir();
   // Same-process peers.
   Link* loopbackLink();
 
@@ -131,6 +136,7 @@ class Runtime {
   std::unique_ptr<Link> l2_, loop_;
   std::map<int, std::unique_ptr<Link>> memif_;
   rte_mempool* memif_pool_ = nullptr;
+  std::string memif_dir_;
   int vdev_seq_ = 0;
 };
 

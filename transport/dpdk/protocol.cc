@@ -76,9 +76,12 @@ void Protocol::irecv(int peer, Request* r) {
   auto it = p.staged.find(m);
   if (it != p.staged.end()) {
     Staged& st = it->second;
-    checkRecvHeader(p, peer, s, st.tag, st.msg_len);
+    checkRecvHeader(p, peer, s, st.tag, st.msg_len);  // fails the request unless msg_len == r->len
     for (auto& [off, bytes] : st.chunks) {
-      if (!s.done) std::memcpy(static_cast<uint8_t*>(r->buf) + off, bytes.data(), bytes.size());
+      // Each chunk was checked to lie within msg_len when it was staged; the
+      // bound is checked again against the buffer itself.
+      if (!s.done && off <= r->len && bytes.size() <= r->len - off)
+        std::memcpy(static_cast<uint8_t*>(r->buf) + off, bytes.data(), bytes.size());
       s.got += bytes.size();
     }
     p.staged_bytes -= st.bytes;
@@ -291,6 +294,7 @@ void Protocol::sackShift(Peer& p) {
 void Protocol::checkRecvHeader(Peer& p, int peer, RecvSlot& s, uint64_t tag, uint64_t len) {
   s.known = true;
   s.msg_len = len;
+  s.tag = tag;
   Request* r = s.req;
   if (tag != r->tag || len != r->len) {
     r->peer_tag = tag;
@@ -314,44 +318,73 @@ void Protocol::finishRecvs(Peer& p) {
   }
 }
 
-void Protocol::placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl, bool* accepted) {
-  *accepted = true;
+void Protocol::malformed(int peer, const WireHdr& h, const char* why) {
+  stats_.malformed++;
+  if (malformed_logged_ >= 5) return;
+  malformed_logged_++;
+  HARP_WARN("dpdk: dropping a DATA frame claiming rank %d of communicator %016llx: %s (message %u, offset %llu, "
+            "%u bytes, message length %llu)%s",
+            peer, (unsigned long long)comm_id_, why, h.msg_seq, (unsigned long long)h.offset, h.payload_len,
+            (unsigned long long)h.msg_len, malformed_logged_ == 5 ? "; further ones are only counted" : "");
+}
+
+// The header passed dataHeaderProblem: its payload lies within [0, msg_len).
+bool Protocol::placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
   int32_t idx = seqDiff(h.msg_seq, p.recv_base);
-  if (idx < 0) return;  // message already finished (only after a mismatch): discard
-  if (idx < static_cast<int32_t>(p.recvq.size())) {
-    RecvSlot& s = p.recvq[idx];
-    if (!s.known) checkRecvHeader(p, peer, s, h.tag, h.msg_len);
-    uint32_t n = std::min<uint64_t>(pl.total, h.payload_len);
-    if (!s.done && h.offset + n <= s.req->len)
-      pl.copyTo(static_cast<uint8_t*>(s.req->buf) + h.offset, n);  // straight to its place
-    s.got += n;
-    if (!s.done && s.got >= s.msg_len) {
-      s.done = true;
-      s.req->complete();
-      moved_ = true;
-    }
-    finishRecvs(p);
-    return;
+  if (idx < 0) return true;  // message already finished (only after a mismatch): discard
+  if (idx >= static_cast<int32_t>(p.recvq.size())) return stage(p, peer, h, pl);
+  RecvSlot& s = p.recvq[idx];
+  if (!s.known) {
+    checkRecvHeader(p, peer, s, h.tag, h.msg_len);  // fails the request unless msg_len == its length
+  } else if (h.tag != s.tag || h.msg_len != s.msg_len) {
+    malformed(peer, h, "tag or message length differ from the message's earlier packets");
+    return false;
   }
-  // No receive posted yet for this message: stage the bytes (bounded).
-  uint32_t n = std::min<uint64_t>(pl.total, h.payload_len);
-  if (n > 0 && p.staged_bytes + n > cfg_.stage_bytes) {
-    *accepted = false;
-    p.want_retx = true;
+  const uint32_t n = h.payload_len;
+  if (!s.done && h.offset <= s.req->len && n <= s.req->len - h.offset)
+    pl.copyTo(static_cast<uint8_t*>(s.req->buf) + h.offset, n);  // straight to its place
+  s.got += n;
+  if (!s.done && s.got >= s.msg_len) {
+    s.done = true;
+    s.req->complete();
+    moved_ = true;
+  }
+  finishRecvs(p);
+  return true;
+}
+
+// No receive posted yet for this message: keep the bytes, within the peer's
+// staging bounds (bytes with bookkeeping, and messages).
+bool Protocol::stage(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
+  uint64_t ahead = static_cast<uint64_t>(seqDiff(h.msg_seq, p.recv_base)) - p.recvq.size();
+  if (ahead >= cfg_.stage_msgs + kSackBits) {  // more messages in between than could be in flight or staged
+    malformed(peer, h, "message number too far ahead of the posted receives");
+    return false;
+  }
+  auto it = p.staged.find(h.msg_seq);
+  if (it != p.staged.end() && (it->second.tag != h.tag || it->second.msg_len != h.msg_len)) {
+    malformed(peer, h, "tag or message length differ from the message's earlier packets");
+    return false;
+  }
+  const uint32_t n = h.payload_len;
+  if (it != p.staged.end() && n > 0 && it->second.chunks.count(h.offset)) return true;  // have it
+  size_t cost = (n > 0 ? n + kStageOverhead : 0) + (it == p.staged.end() ? kStageOverhead : 0);
+  if (p.staged_bytes + cost > cfg_.stage_bytes || (it == p.staged.end() && p.staged.size() >= cfg_.stage_msgs)) {
+    p.want_retx = true;  // the next irecv asks for it again
     stats_.stage_drops++;
-    return;
+    return false;
   }
-  Staged& st = p.staged[h.msg_seq];
-  st.tag = h.tag;
-  st.msg_len = h.msg_len;
+  if (it == p.staged.end()) it = p.staged.emplace(h.msg_seq, Staged{h.tag, h.msg_len, {}, 0}).first;
+  Staged& st = it->second;
   if (n > 0) {
-    std::vector<uint8_t> bytes(n);
+    std::vector<uint8_t>& bytes = st.chunks[h.offset];
+    bytes.resize(n);
     pl.copyTo(bytes.data(), n);
-    st.chunks[h.offset] = std::move(bytes);
-    st.bytes += n;
-    p.staged_bytes += n;
   }
+  st.bytes += cost;
+  p.staged_bytes += cost;
   stats_.staged++;
+  return true;
 }
 
 void Protocol::onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl) {
@@ -362,9 +395,7 @@ void Protocol::onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl
     return;
   }
   if (d >= kSackBits) return;  // beyond any legal window: ignore
-  bool accepted;
-  placeData(p, peer, h, pl, &accepted);
-  if (!accepted) return;
+  if (!placeData(p, peer, h, pl)) return;
   stats_.data_rx++;
   if (d == 0) {
     for (;;) {
@@ -387,15 +418,21 @@ void Protocol::onFrame(const WireHdr& h, const PayloadView& pl) {
   if (peer < 0 || peer >= size_ || peer == rank_) return;
   Peer& p = peers_[peer];
   if (p.ring.empty()) return;  // not a peer of this transport
+  if (h.channel != 0) return;  // version 1 has channel 0 only
+  if (!p.verified && h.type != static_cast<uint8_t>(PktType::kHello)) {
+    stats_.unproven++;  // it has not proved the token yet: nothing of it counts
+    return;
+  }
+  if (h.type == static_cast<uint8_t>(PktType::kData)) {
+    if (const char* why = dataHeaderProblem(h, pl.total)) return malformed(peer, h, why);
+  }
   p.last_heard_ns = nowNs();
   switch (static_cast<PktType>(h.type)) {
     case PktType::kData:
-      p.data_seen = true;
       if (!p.failed && (h.flags & kFlagAck)) advanceCumulative(p, h.ack, p.last_heard_ns);
       if (!p.failed) onData(p, peer, h, pl);
       break;
     case PktType::kAck:
-      p.data_seen = true;
       if (!p.failed) onAck(p, peer, h, pl);
       break;
     case PktType::kPing:

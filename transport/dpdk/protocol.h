@@ -4,6 +4,15 @@
 // timeout and on SACK holes, duplicate and reorder handling, payload placed
 // straight into the posted receive buffer at its byte offset.
 //
+// Nothing from a peer is processed before the transport has verified its
+// HELLO proof (setVerified); until then only its HELLOs are handed up. Every
+// DATA header is validated (wire.h dataHeaderProblem, then against the
+// message's earlier packets and the posted receive) before a byte of it is
+// staged or placed; a frame that fails is dropped unacknowledged, counted
+// (stats().malformed) and logged (the first few). Staging for receives not yet
+// posted is bounded per peer in bytes (stage_bytes, bookkeeping included) and
+// in messages (stage_msgs).
+//
 // This layer knows nothing about DPDK: frames go out through a FrameIO (the
 // DPDK glue allocates an mbuf and queues it on a port) and come in through
 // onFrame(). That keeps the state machine testable and the DPDK code small.
@@ -51,13 +60,16 @@ struct ProtocolConfig {
   uint64_t rto_max_ns = 200'000'000;
   uint64_t peer_timeout_ns = 60'000'000'000ull;  // no ack progress for this long = peer failed
   size_t stage_bytes = 8u << 20;    // per peer: bytes buffered for receives not yet posted
+  size_t stage_msgs = 1024;         // per peer: messages buffered for receives not yet posted
   int max_burst = 64;               // data packets per peer per tick
   size_t eager_bytes = 16384;       // sends up to this size (and one packet) complete when queued
 };
 
 struct ProtocolStats {
   uint64_t data_tx = 0, data_rx = 0, retx = 0, dup_rx = 0, ooo_rx = 0, acks_tx = 0, acks_rx = 0,
-           staged = 0, stage_drops = 0, timeouts = 0;
+           staged = 0, stage_drops = 0, timeouts = 0,
+           malformed = 0,  // DATA frames dropped: a header no well-formed message has (wire.h)
+           unproven = 0;   // frames dropped: from a peer whose HELLO proof was not verified yet
 };
 
 class Protocol {
@@ -70,8 +82,12 @@ class Protocol {
   void isend(int peer, transport::Request* r);
   void irecv(int peer, transport::Request* r);
 
-  // One received frame (header already validated for magic/version/comm/dst).
+  // One received frame (header already checked for magic/version/comm/dst;
+  // everything else in it is validated here).
   void onFrame(const WireHdr& h, const PayloadView& payload);
+  // The peer proved the communicator token (its HELLO): take its frames from now on.
+  void setVerified(int peer) { peers_[peer].verified = true; }
+  bool verified(int peer) const { return peers_[peer].verified; }
   // Timers, transmission of queued data, acknowledgements. True if anything moved.
   bool tick();
   bool hasPending() const;    // any request not finished
@@ -90,8 +106,6 @@ class Protocol {
   // Peers whose sends are in flight and unacknowledged / recvs pending.
   bool peerBusy(int peer) const;
   uint64_t lastHeardNs(int peer) const { return peers_[peer].last_heard_ns; }
-  // The peer sent data or acks: it is past its handshake with us.
-  bool dataSeen(int peer) const { return peers_[peer].data_seen; }
   void sendPing(int peer);
 
   const ProtocolStats& stats() const { return stats_; }
@@ -130,15 +144,19 @@ class Protocol {
   struct RecvSlot {
     transport::Request* req;
     uint64_t got = 0;        // payload bytes placed (or discarded after a mismatch)
-    uint64_t msg_len = 0;
+    uint64_t msg_len = 0;    // the sender's tag and length, from its first packet seen
+    uint64_t tag = 0;
     bool known = false;      // tag/len seen and checked
     bool done = false;       // request completed or failed (it may be freed: never touch it then)
   };
   struct Staged {            // data for a message whose receive is not posted yet
     uint64_t tag = 0, msg_len = 0;
     std::map<uint64_t, std::vector<uint8_t>> chunks;  // offset -> bytes
-    size_t bytes = 0;
+    size_t bytes = 0;        // charged against stage_bytes: payload + kStageOverhead per chunk and message
   };
+  // Staging charged per staged message and per chunk beyond its payload (map
+  // nodes, allocations), so tiny chunks cannot hold far more memory than stage_bytes.
+  static constexpr size_t kStageOverhead = 128;
   // A copy of a small send's bytes, so the user's send completes at once (as a
   // kernel socket's does) instead of after the peer's acknowledgement: the
   // protocol then retransmits from the copy. `req` stands in for the user's
@@ -175,7 +193,7 @@ class Protocol {
     bool piggy_valid = false;         // a DATA frame sent since the last tick carried ...
     uint32_t piggy_nxt = 0;           // ... this cumulative ack
     uint64_t last_heard_ns = 0;
-    bool data_seen = false;
+    bool verified = false;            // its HELLO proof checked out (setVerified)
   };
 
   WireHdr* startFrame(int peer, PktType type, uint8_t flags, size_t payload);
@@ -184,7 +202,10 @@ class Protocol {
   void onData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
   void onAck(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
   void advanceCumulative(Peer& p, uint32_t cum, uint64_t now);
-  void placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl, bool* accepted);
+  // false: not taken (malformed, or no room to stage it); the packet stays unacknowledged.
+  bool placeData(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
+  bool stage(Peer& p, int peer, const WireHdr& h, const PayloadView& pl);
+  void malformed(int peer, const WireHdr& h, const char* why);
   void checkRecvHeader(Peer& p, int peer, RecvSlot& s, uint64_t tag, uint64_t len);
   void finishRecvs(Peer& p);
   void ackedEntry(Peer& p, InFlight& f, uint64_t now, bool sample_rtt);
@@ -203,6 +224,7 @@ class Protocol {
   ProtocolStats stats_;
   std::vector<Control> controls_;
   bool moved_ = false;
+  int malformed_logged_ = 0;
 };
 
 }  // namespace harp::dpdk

@@ -62,6 +62,20 @@ struct WireHdr {
 #pragma pack(pop)
 static_assert(sizeof(WireHdr) == kHdrLen, "WireHdr must be 64 bytes");
 
+// Why the header of a DATA frame cannot be part of a well-formed message
+// (PROTOCOL.md section 4, "Validation"); nullptr when it can. `have` is the
+// payload that arrived. Bounds are in subtraction form, so no sum can wrap.
+inline const char* dataHeaderProblem(const WireHdr& h, uint32_t have) {
+  if (have < h.payload_len) return "payload shorter than its payload_len";
+  if (h.offset > h.msg_len) return "offset past the end of the message";
+  if (h.payload_len > h.msg_len - h.offset) return "payload reaches past the end of the message";
+  if (h.payload_len == 0 && h.msg_len != 0) return "empty packet in a non-empty message";
+  if (((h.flags & kFlagFirst) != 0) != (h.offset == 0)) return "FIRST flag and offset 0 disagree";
+  if (((h.flags & kFlagLast) != 0) != (h.payload_len == h.msg_len - h.offset))
+    return "LAST flag and the end of the message disagree";
+  return nullptr;
+}
+
 // Serial-number arithmetic on 32-bit sequence numbers (RFC 1982 style).
 inline int32_t seqDiff(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b); }
 inline bool seqLt(uint32_t a, uint32_t b) { return seqDiff(a, b) < 0; }

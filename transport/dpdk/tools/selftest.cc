@@ -6,6 +6,7 @@
 //                      [--seed S] [--mismatch] [--bench SIZE] [--timeout T]
 //   harp_dpdk_selftest --threads N --dir DIR [...]   (N ranks as threads of one process)
 //   harp_dpdk_selftest --unmap-race [--timeout T]     (the memif burst guard, below)
+//   harp_dpdk_selftest --rank 0|1 --size 2 --dir DIR --intruder [--timeout T]
 //
 // Ranks meet through files in DIR (pid.R, then blob.R). Each iteration every
 // rank sends one message to every other rank (sizes drawn from a seeded RNG
@@ -21,6 +22,11 @@
 // the PMD's memif_disconnect unmaps the shared regions under the running
 // burst, as it does on DPDK's interrupt thread when a peer dies. The process
 // must survive (the guard in port.cc) and the link must read lost or down.
+// --intruder (2 ranks): rank 0 runs with a different token (a process on the
+// link that knows everything but the communicator's secret) and sends rank 1
+// a 1000-byte message without waiting for its handshake; rank 1 must never
+// connect to it nor take its data: it prints "OK intruder rejected" when its
+// handshake times out, "FAIL" when it connected or received the bytes.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,12 +99,56 @@ void drive(Transport* t, std::vector<Request*>& reqs, double timeout) {
 }
 }  // namespace
 
+// --intruder: rank 0 (wrong token) sends without a handshake; rank 1 must refuse it.
+int intruder(Transport* t, int rank, const std::vector<int>& others, const std::vector<std::string>& remote,
+             double timeout) {
+  std::vector<uint8_t> buf(1000, 0x5a);
+  Request r;
+  r.buf = buf.data();
+  r.len = buf.size();
+  r.tag = 42;
+  r.peer = 1 - rank;
+  if (rank == 0) {
+    std::thread c([&] {
+      try {
+        t->connect(others, remote);
+      } catch (const std::exception& e) {
+        printf("intruder: handshake failed as expected: %s\n", e.what());
+      }
+    });
+    // connect() sets the peer up at once and then waits for the handshake;
+    // meanwhile the data goes out (and is retransmitted by its progress loop).
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    dynamic_cast<harp::dpdk::DpdkTransport*>(t)->isend(1, &r);
+    c.join();
+    printf("OK intruder done\n");
+    return 0;
+  }
+  try {
+    t->connect(others, remote);
+  } catch (const std::exception& e) {
+    printf("OK intruder rejected: %s\n", e.what());
+    return 0;
+  }
+  t->pair(0)->irecv(&r);
+  std::vector<Request*> v{&r};
+  try {
+    drive(t, v, timeout);
+  } catch (const std::exception&) {
+  }
+  if (r.state == Request::kDone)
+    printf("FAIL rank 1: took %zu bytes from rank 0, which never proved the communicator token\n", r.len);
+  else
+    printf("FAIL rank 1: connected to rank 0, which never proved the communicator token\n");
+  return 1;
+}
+
 struct Opts {
   int rank = -1, size = 2, iters = 50, threads = 0;
   size_t max_bytes = 1 << 20;
   uint64_t seed = 1;
   std::string dir;
-  bool mismatch = false, unmap_race = false;
+  bool mismatch = false, unmap_race = false, intruder = false;
   size_t bench = 0;
   double timeout = 60;
 };
@@ -128,7 +178,7 @@ int runRank(Opts o, int rank) {
     ci.rank = rank;
     ci.size = size;
     ci.comm_id = std::hash<std::string>()(dir) | 1;
-    ci.token = "selftest-token16";
+    ci.token = o.intruder && rank == 0 ? "not-the-token-16" : "selftest-token16";
     ci.timeout_s = timeout;
     std::unique_ptr<Transport> t = spec->create(ci, peers);
     // Everyone publishes one blob (this transport's blob is the same for all peers).
@@ -146,6 +196,7 @@ int runRank(Opts o, int rank) {
       remote.push_back(waitFile(dir + "/blob." + std::to_string(r), timeout));
     }
     double tc = now();
+    if (o.intruder) return intruder(t.get(), rank, others, remote, timeout);
     t->connect(others, remote);
     fprintf(stderr, "rank %d connected in %.3f s\n", rank, now() - tc);
 
@@ -405,6 +456,7 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") timeout = std::stod(next());
     else if (a == "--threads") o.threads = std::stoi(next());
     else if (a == "--unmap-race") o.unmap_race = true;
+    else if (a == "--intruder") o.intruder = true;
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
