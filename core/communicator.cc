@@ -214,6 +214,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN")));
   res_.spin_bytes = env::bytes("HARP_SPIN_BYTES");
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
+  res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
   res_.owner = this;                       // Topology (issue 16)
   hier_auto_ = env::flag("HARP_HIER");
 }
@@ -843,6 +844,8 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (why.size() == std::strlen(e.what())) throw;
     throw Error(e.kind(), why);
   }
+  live.reset();
+  res_.scratch.trim(res_.scratch_keep);  // no high-water mark above the cap (core/scratch.h)
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
         (a.coll == CollType::kReduce && a.root == rank_))
@@ -956,6 +959,7 @@ void Communicator::destroy() {
   retireRecorder();  // issue 19: off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
+  res_.scratch.trim(0);
   res_.pair_of.assign(size_, nullptr);
   res_.transport_of.assign(size_, nullptr);
 }
