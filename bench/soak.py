@@ -58,7 +58,24 @@ def rss_sample():
     mi = _libc.mallinfo2()
     mib = 1 << 20
     return rss / mib, {"arena": mi.arena / mib, "mmap": mi.hblkhd / mib, "in_use": mi.uordblks / mib,
-                       "free": mi.fordblks / mib}
+                       "free": mi.fordblks / mib, **{f"rss_{k}": v / mib for k, v in smaps_rss().items()}}
+
+
+def smaps_rss():
+    """Resident bytes by kind of mapping (/proc/self/smaps): heap (brk), anon (mmap: large malloc
+    blocks, thread arenas, pymalloc, the core's scratch), shm (memfd and /dev/shm), file (code)."""
+    out = {"heap": 0, "anon": 0, "shm": 0, "file": 0}
+    kind = "anon"
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 6)
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+                name = head[5].strip() if len(head) > 5 else ""
+                kind = ("heap" if name == "[heap]" else "shm" if ("memfd:" in name or name.startswith("/dev/shm"))
+                        else "file" if name.startswith("/") else "anon")
+            elif head[0] == "Rss:":
+                out[kind] += int(head[1]) * 1024
+    return out
 
 
 def _pick_size(rng, max_bytes, itemsize):
@@ -232,6 +249,8 @@ def main(argv=None):
     seconds = a.minutes * 60
     meta = {**stamp(), "args": vars(a)}
     env = {"HARP_TRANSPORT": a.transport} if a.transport else {}
+    if "HARP_DEBUG" not in os.environ:  # not a line per hierarchical algorithm's fallback
+        env["HARP_DEBUG"] = "NONE"
     procs, q = start_ranks(a.ranks, rank_main, seconds, parse_bytes(a.max_bytes), a.seed, a.sample, env=env)
     res = collect(procs, q, timeout=seconds + 600, allow_errors=True)
     ranks = []

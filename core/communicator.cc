@@ -869,17 +869,20 @@ void Communicator::runIntAvg(CollArgs& a) {
   if (n > SIZE_MAX / 8 / w / blocks)
     throw InvalidArgument(std::string(collName(a.coll)) + ": count " + std::to_string(n) + " too large for avg");
   const bool want_out = a.coll != CollType::kReduce || a.root == rank_;
-  std::vector<int64_t> in(blocks * n * w), out(want_out ? n * w : 0);
+  // mmap'd (core/scratch.h), unmapped on return: never a heap high-water mark
+  Scratch in_block, out_block;
+  auto* in = static_cast<int64_t*>(in_block.reserve(blocks * n * w * 8));
+  auto* out = static_cast<int64_t*>(out_block.reserve(want_out ? n * w * 8 : 0));
   const size_t es = dtypeSize(a.dtype);
   for (size_t b = 0; b < blocks; ++b)
-    wideAvgIn(in.data() + b * n * w, static_cast<const char*>(a.sendbuf) + b * n * es, n, a.dtype, size_);
+    wideAvgIn(in + b * n * w, static_cast<const char*>(a.sendbuf) + b * n * es, n, a.dtype, size_);
   CollArgs wide = a;
-  wide.sendbuf = in.data();
-  wide.recvbuf = want_out ? out.data() : nullptr;
+  wide.sendbuf = in;
+  wide.recvbuf = want_out ? out : nullptr;
   wide.count = n * w;
   wide.dtype = isSigned(a.dtype) ? DataType::kInt64 : DataType::kUint64;
   runWith(wide, a.dtype);
-  if (want_out) wideAvgOut(a.recvbuf, out.data(), n, a.dtype, size_);
+  if (want_out) wideAvgOut(a.recvbuf, out, n, a.dtype, size_);
 }
 
 // A peer's abort notice that arrived while this collective ran (its data may
