@@ -85,11 +85,14 @@ def _pick_size(rng, max_bytes, itemsize):
     return max(1, b // itemsize)
 
 
-def one_op(c, rng, max_bytes, algos):
-    """Run one random collective; returns (name, ok)."""
+KINDS = ["allreduce", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "alltoallv",
+         "gather", "scatter", "barrier", "sendrecv", "coalesced"]
+
+
+def one_op(c, rng, max_bytes, algos, kinds=KINDS):
+    """Run one random collective (of `kinds`); returns (name, ok)."""
     p, r = c.size, c.rank
-    kind = rng.choice(["allreduce", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
-                       "alltoallv", "gather", "scatter", "barrier", "sendrecv", "coalesced"])
+    kind = rng.choice(kinds)
     dt = DTYPES[rng.integers(len(DTYPES))]
     op = rng.choice(ops_for(dt))
     salt = int(rng.integers(1 << 20))
