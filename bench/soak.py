@@ -218,6 +218,29 @@ def thirds(samples, seconds):
     return out
 
 
+def summarize(ranks, seconds, settle=600.0):
+    """Per rank: ops, wrong, errors, RSS per third, growth middle -> last third, and the drift after
+    `settle` seconds (the highest RSS after it minus the RSS sampled nearest to it)."""
+    summary = []
+    for rk in ranks:
+        if "samples" not in rk:
+            summary.append({"rank": rk["rank"], "failed": True})
+            continue
+        ss = rk["samples"]
+        th = thirds(ss, seconds)
+        rs = [s["rss_mib"] for s in ss]
+        row = {"rank": rk["rank"], "ops": rk["ops"], "wrong": rk["n_wrong"], "errors": rk["n_errors"],
+               "rss_thirds_mib": th, "growth_mid_to_last_mib": round(th[2] - th[1], 2),
+               "rss_min_mib": min(rs), "rss_max_mib": max(rs), "rss_end_mib": rs[-1]}
+        if ss[-1]["t"] > settle:
+            at = min(ss, key=lambda s: abs(s["t"] - settle))
+            after = max(s["rss_mib"] for s in ss if s["t"] >= at["t"])
+            row.update({f"rss_at_{settle:g}s_mib": at["rss_mib"], f"max_after_{settle:g}s_mib": after,
+                        f"drift_after_{settle:g}s_mib": round(after - at["rss_mib"], 2)})
+        summary.append(row)
+    return summary
+
+
 def stamp():
     def sh(*cmd):
         try:
@@ -248,7 +271,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sample", type=float, default=5.0, help="seconds between RSS samples")
     ap.add_argument("--out", default="")
+    ap.add_argument("--report", default="", help="print the summary of an earlier run's JSON (no run)")
+    ap.add_argument("--settle", type=float, default=600.0, help="seconds after which RSS should stay flat")
     a = ap.parse_args(argv)
+    if a.report:
+        with open(a.report) as f:
+            doc = json.load(f)
+        secs = doc["meta"]["args"]["minutes"] * 60
+        print(json.dumps({"meta": doc["meta"], "summary": summarize(doc["ranks"], secs, a.settle)}, indent=1))
+        return 0
     seconds = a.minutes * 60
     meta = {**stamp(), "args": vars(a)}
     env = {"HARP_TRANSPORT": a.transport} if a.transport else {}
@@ -259,16 +290,7 @@ def main(argv=None):
     ranks = []
     for r, (status, val) in enumerate(res):
         ranks.append(val if status == "ok" else {"rank": r, "failed": str(val)[:2000]})
-    summary = []
-    for rk in ranks:
-        if "samples" not in rk:
-            summary.append({"rank": rk["rank"], "failed": True})
-            continue
-        th = thirds(rk["samples"], seconds)
-        rs = [s["rss_mib"] for s in rk["samples"]]
-        summary.append({"rank": rk["rank"], "ops": rk["ops"], "wrong": rk["n_wrong"], "errors": rk["n_errors"],
-                        "rss_thirds_mib": th, "growth_mid_to_last_mib": round(th[2] - th[1], 2),
-                        "rss_min_mib": min(rs), "rss_max_mib": max(rs), "rss_end_mib": rs[-1]})
+    summary = summarize(ranks, seconds, a.settle)
     meta.update(end_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), loadavg_end=os.getloadavg())
     doc = {"meta": meta, "summary": summary, "ranks": ranks}
     text = json.dumps(doc, indent=1)
