@@ -214,6 +214,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.spin = static_cast<int>(std::max<long long>(1, env::integer("HARP_SPIN")));
   res_.spin_bytes = env::bytes("HARP_SPIN_BYTES");
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
+  res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
   res_.owner = this;                       // Topology (issue 16)
   hier_auto_ = env::flag("HARP_HIER");
 }
@@ -846,6 +847,8 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (why.size() == std::strlen(e.what())) throw;
     throw Error(e.kind(), why);
   }
+  live.reset();
+  res_.scratch.trim(res_.scratch_keep);  // no high-water mark above the cap (core/scratch.h)
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
     if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
         (a.coll == CollType::kReduce && a.root == rank_))
@@ -869,17 +872,20 @@ void Communicator::runIntAvg(CollArgs& a) {
   if (n > SIZE_MAX / 8 / w / blocks)
     throw InvalidArgument(std::string(collName(a.coll)) + ": count " + std::to_string(n) + " too large for avg");
   const bool want_out = a.coll != CollType::kReduce || a.root == rank_;
-  std::vector<int64_t> in(blocks * n * w), out(want_out ? n * w : 0);
+  // mmap'd (core/scratch.h), unmapped on return: never a heap high-water mark
+  Scratch in_block, out_block;
+  auto* in = static_cast<int64_t*>(in_block.reserve(blocks * n * w * 8));
+  auto* out = static_cast<int64_t*>(out_block.reserve(want_out ? n * w * 8 : 0));
   const size_t es = dtypeSize(a.dtype);
   for (size_t b = 0; b < blocks; ++b)
-    wideAvgIn(in.data() + b * n * w, static_cast<const char*>(a.sendbuf) + b * n * es, n, a.dtype, size_);
+    wideAvgIn(in + b * n * w, static_cast<const char*>(a.sendbuf) + b * n * es, n, a.dtype, size_);
   CollArgs wide = a;
-  wide.sendbuf = in.data();
-  wide.recvbuf = want_out ? out.data() : nullptr;
+  wide.sendbuf = in;
+  wide.recvbuf = want_out ? out : nullptr;
   wide.count = n * w;
   wide.dtype = isSigned(a.dtype) ? DataType::kInt64 : DataType::kUint64;
   runWith(wide, a.dtype);
-  if (want_out) wideAvgOut(a.recvbuf, out.data(), n, a.dtype, size_);
+  if (want_out) wideAvgOut(a.recvbuf, out, n, a.dtype, size_);
 }
 
 // A peer's abort notice that arrived while this collective ran (its data may
@@ -959,6 +965,7 @@ void Communicator::destroy() {
   retireRecorder();  // issue 19: off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
+  res_.scratch.trim(0);
   res_.pair_of.assign(size_, nullptr);
   res_.transport_of.assign(size_, nullptr);
 }

@@ -37,6 +37,7 @@
 #include "core/base/bootstrap.h"
 #include "core/base/store.h"
 #include "core/cost.h"
+#include "core/scratch.h"
 #include "core/topology.h"
 #include "core/tuning.h"
 #include "core/base/types.h"
@@ -131,7 +132,8 @@ struct CommResources {
   int spin = 64;               // HARP_SPIN: progress polls before yielding, then blocking
   size_t spin_bytes = 0;       // HARP_SPIN_BYTES: waits on more pending bytes than this do not spin
   size_t segment_bytes = 0;    // HARP_SEGMENT_BYTES: pipelining segment
-  std::vector<uint8_t> scratch;        // Context::scratch
+  Scratch scratch;                     // Context::scratch (core/scratch.h)
+  size_t scratch_keep = 0;             // HARP_SCRATCH_KEEP_BYTES: scratch kept between collectives
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
   Communicator* owner = nullptr;       // Topology (issue 16): Context::subComms asks it
   // Observability (issue 19): the flight recorder (nullptr: HARP_FR_ENTRIES=0)

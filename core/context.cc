@@ -206,8 +206,7 @@ void Context::sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* 
 transport::Transport* Context::transportOf(int peer) const { return res_.transport_of.at(peer); }
 
 void* Context::scratch(size_t bytes) {
-  if (res_.scratch.size() < bytes) res_.scratch.resize(bytes);
-  return res_.scratch.data();
+  return res_.scratch.reserve(bytes);
 }
 
 size_t Context::segmentBytes() const { return res_.segment_bytes; }
