@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -471,6 +472,7 @@ struct Hostile {
   size_t recv_len;
   bool send;  // post a send of 64 KB (CMA) instead of receives
   const char* expect;  // words the error must contain
+  int no_cma = -1;     // this rank runs with HARP_SHM_CMA=0 (refuses single-copy reads of its peer)
 };
 
 const std::vector<Hostile>& hostileCases() {
@@ -492,15 +494,15 @@ const std::vector<Hostile>& hostileCases() {
        2000, false, "middle"},
       {"continuation longer than the rest of the message",
        [](uint8_t* v, uint8_t*) {
-         writeSlot(v, 0, 5, 2000, 1, kCap, 0x11);
-         writeSlot(v, 1, 5, 2000, 2, kCap, 0x22);
+         writeSlot(v, 0, 5, 1200, 1, kCap, 0x11);
+         writeSlot(v, 1, 5, 1200, 2, 500, 0x22);  // 208 bytes remain
        },
-       2000, false, "remain"},
+       1200, false, "remain"},
       {"single-copy descriptor though single-copy reads are off",
-       [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 3, 8, 0); }, 64, false, "single-copy"},
+       [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 3, 8, 0); }, 64, false, "single-copy", 1},
       {"ring consumed count beyond what was written",
        [](uint8_t*, uint8_t* own) { ringCtl(own, 1)->tail.store(1000, std::memory_order_release); }, 0, true,
-       "1000"},
+       "1000", 0},  // no single-copy: the send goes through the ring and fills it
       {"single-copy acks beyond what was posted",
        [](uint8_t* v, uint8_t*) { ringCtl(v, 0)->acks.store(5, std::memory_order_release); }, 0, true, "5"},
   };
@@ -562,13 +564,71 @@ TEST(ShmTransport, HostilePeerSlotsAndIndicesAreRejected) {
                                               {"HARP_SHM_CMA_BYTES", "4096"},
                                               {"HARP_TEST_DIR", dir}};
     Scenario sc{2, [&c](int r, ShmTransport& t) { hostileBody(r, t, c); }, env, [&c](int r) {
-      // "single-copy reads are off": the victim refuses CMA from the attacker.
-      if (r == 1 && std::string(c.name).find("single-copy descriptor") != std::string::npos) setenv("HARP_SHM_CMA", "0", 1);
+      if (r == c.no_cma) setenv("HARP_SHM_CMA", "0", 1);
     }};
     auto st = runRanks(sc, 30);
     EXPECT_EQ(st[0], 0) << c.name;
     EXPECT_EQ(st[1], 0) << c.name << " (the victim's exit status: 1 a failed check, 128+n a signal)";
     std::string cmd = "rm -rf " + dir;
     if (system(cmd.c_str()) != 0) perror("rm");
+  }
+}
+
+// checkSlot on generated headers (edge values: 0, 1, the slot capacity, the
+// message's remainder, all ones, each +-1): whatever it accepts is within
+// the slot, the message and the posted receive; and every slot sequence the
+// sender (progressSends) writes for any length and slot size is accepted.
+TEST(ShmTransport, CheckSlotBoundsGeneratedHeaders) {
+  using harp::transport::shm::checkSlot;
+  using harp::transport::shm::SlotExpect;
+  using harp::transport::shm::SlotView;
+  std::mt19937_64 rng(20261203);
+  auto pick = [&](std::vector<uint64_t> edges) {
+    uint64_t v = rng() % 4 == 0 ? rng() : edges[rng() % edges.size()];
+    return v + (rng() % 3) - 1;  // the edge, one below or one above
+  };
+  size_t accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const size_t cap = 224 + 64 * (rng() % 16);
+    SlotExpect e;
+    e.start = rng() % 2;
+    e.cma = rng() % 2;
+    e.tag = rng() % 4;
+    e.len = pick({0, 1, cap, 2 * cap, 1u << 20, UINT32_MAX, UINT64_MAX});
+    e.done = e.len ? rng() % e.len : 0;
+    SlotView h;
+    h.kind = static_cast<uint32_t>(rng() % 5);
+    h.tag = rng() % 3 ? e.tag : rng() % 4;
+    h.len = rng() % 3 ? e.len : pick({0, 1, cap, e.len, UINT64_MAX});
+    h.nbytes = static_cast<uint32_t>(pick({0, 1, 8, cap, e.len - e.done, h.len, UINT32_MAX}));
+    if (!checkSlot(h, e, cap).empty()) continue;
+    ++accepted;
+    ASSERT_TRUE(h.kind >= 1 && h.kind <= 3) << h.kind;
+    ASSERT_LE(h.nbytes, cap);
+    if (e.start) {
+      ASSERT_NE(h.kind, 2u);
+      if (h.kind == 1) ASSERT_LE(h.nbytes, h.len);
+      if (h.kind == 3) ASSERT_TRUE(e.cma && h.nbytes == 8 && h.len > 0);
+    } else {
+      ASSERT_EQ(h.kind, 2u);
+      ASSERT_TRUE(h.tag == e.tag && h.len == e.len);
+      ASSERT_TRUE(h.nbytes > 0 && h.nbytes <= e.len - e.done) << h.nbytes << " of " << e.len - e.done;
+    }
+  }
+  EXPECT_GT(accepted, 1000u);  // the generator reaches the accepting side too
+  for (int i = 0; i < 20000; ++i) {  // what an honest sender writes
+    const size_t cap = 224 + 64 * (rng() % 16);
+    const uint64_t len = rng() % 3 == 0 ? rng() % 4 : rng() % (20 * cap);
+    SlotExpect e;
+    e.tag = rng();
+    e.len = len;
+    for (uint64_t off = 0;;) {
+      SlotView h{e.tag, len, off == 0 ? 1u : 2u, static_cast<uint32_t>(std::min<uint64_t>(cap, len - off))};
+      e.start = off == 0;
+      e.done = off;
+      ASSERT_EQ(checkSlot(h, e, cap), "") << "len " << len << " cap " << cap << " offset " << off;
+      off += h.nbytes;
+      if (off >= len) break;
+    }
   }
 }
