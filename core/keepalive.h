@@ -14,30 +14,35 @@
 // two neighbours on each side of the rank ring (each failure is seen by up to
 // four ranks, and agree() collects what every rank saw).
 //
-// Wire: magic "HKA1" | kind (1 beat, 2 bye, 3 dead) | 3 bytes: 0, or for
-// kind 3 the rank whose port refused the sender's beats (24-bit LE) | comm id (8) |
-// rank (4) | sequence (4) | HMAC-SHA256(key, the first 24 bytes) truncated to
-// 16 bytes. The key derives from the communicator's secret token, so nobody
-// outside the job can keep a dead rank alive or declare a live one gone by
-// sending packets; a replayed beat (sequence not newer) is ignored. A bye (sent
-// by stop(), on destroy) retires the sender: it is never reported. Beats go
-// only to peers that neither said bye nor had their port refuse a beat (each
-// such beat would draw an ICMP error, which IP_RECVERR also leaves pending on
-// the socket for the next send or receive: both retry past it).
+// Wire (48 bytes): magic "HKA2" | kind (1 beat, 2 bye, 3 dead, 4 probe,
+// 5 answer) | 3 bytes: a rank (24-bit LE: kind 3 the rank found gone, 4 the
+// rank probed, 5 the prober answered; else 0) | comm id (8) | rank (4) |
+// sequence (4) | nonce (8: kinds 4 and 5, else 0) | HMAC-SHA256(key, the first
+// 32 bytes) truncated to 16 bytes. The key derives from the communicator's
+// secret token, so nobody outside the job can keep a dead rank alive or declare
+// a live one gone by sending packets; a replayed packet (sequence not newer) is
+// ignored. A bye (sent by stop(), on destroy) retires the sender: it is never
+// reported. Beats go only to peers that neither said bye nor were found gone.
 //
-// A killed process is found faster than that: the socket has IP_RECVERR (or
-// IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes back
-// at once as an ICMP "port unreachable" on the error queue, naming the address
-// we sent to; that peer is reported at once ("its keep-alive port is closed").
-// The rank that sees such an ICMP reply tells its watched peers at once with a
-// signed "dead" packet (the kernel rate-limits ICMP per host, so the others'
-// beats may get no reply for a second); a receiver reports the rank as the
-// sender did. probeNow() sends a beat to every watched peer now (the communicator calls it
-// on a lost-peer error, so the dead rank is named within a round trip, not a
-// timeout). A frozen or cut-off rank sends no ICMP: only the timeout finds it.
-// ICMP is not authenticated: someone who can forge ICMP on the path can make a
-// live rank look dead (a denial of service; never data corruption), as they
-// could by dropping its packets.
+// A killed process is found faster than the timeout: the socket has IP_RECVERR
+// (or IPV6_RECVERR) set, so a beat sent to a peer whose process is gone comes
+// back at once as an ICMP "port unreachable" on the error queue, naming the
+// address we sent to. ICMP is not authenticated (anyone who can reach the host
+// can forge one quoting the two ports), so it is only a hint: the peer is sent
+// up to 5 signed probes, HARP_KEEPALIVE_CONFIRM / 5 apart (10 ms), carrying a
+// fresh random nonce, and a live peer answers each with a signed answer
+// echoing it. An answer clears the suspicion (a forged ICMP costs nothing); no
+// answer HARP_KEEPALIVE_CONFIRM (50 ms) after the first probe makes the peer
+// gone, reported at once ("its keep-alive port is closed
+// and it answers no signed probe"). The rank that found it tells its watched
+// peers at once with a signed "dead" packet (the kernel rate-limits ICMP per
+// host, so the others' beats may get no reply for a second); a receiver
+// reports the rank as the sender did. probeNow() sends a beat to every watched
+// peer now (the communicator calls it on a lost-peer error, so the dead rank is
+// named within a round trip and the confirmation, not a timeout). A frozen or
+// cut-off rank sends no ICMP: only the timeout finds it. Someone who can drop
+// the job's packets can still make a live rank look dead (a denial of service,
+// never data corruption), through the timeout.
 //
 // Cost: nothing on the collective path (no shared state is read there). The
 // thread sleeps in poll(2) between beats; no busy loop.
@@ -87,17 +92,20 @@ class KeepAlive {
  private:
   struct Peer;
   void loop();
+  void packet(char* p, uint8_t kind, int arg, uint64_t nonce);
+  void sendTo(int peer, const char* p);
   void beat(uint8_t kind, int dead = -1);
+  void probeSuspects(double now);
   void told(int from, int dead);
   void receive(double now);
-  void receiveErrors();
+  void receiveErrors(double now);
   void detect(double now);
   std::vector<int> watched() const;
 
   int rank_, size_;
   uint64_t comm_id_;
   std::string key_;
-  double interval_s_, timeout_s_;
+  double interval_s_, timeout_s_, confirm_s_;  // confirm_s_: HARP_KEEPALIVE_CONFIRM
   int fd_ = -1, wake_fd_ = -1;
   uint32_t seq_ = 0;
   std::vector<Peer> peers_;

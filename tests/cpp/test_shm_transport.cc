@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -407,4 +408,227 @@ TEST(ShmTransport, GeometryMismatchIsAnError) {
   auto st = runRanks(sc);
   EXPECT_EQ(st[0], 2);
   EXPECT_EQ(st[1], 2);
+}
+
+// ---- A hostile peer: slot headers, ring indices and acks it writes into the
+// shared segments are never trusted. Rank 0 is the attacker: it finds the
+// victim's segment among its own mappings (memfd "harp-shm", header rank 1),
+// writes a slot (or a ring index) the protocol does not allow, and waits. Rank
+// 1 must fail the pair with a protocol error naming rank 0 and what was wrong,
+// never write past its buffer, hang, or crash.
+namespace {
+
+using harp::transport::shm::Geometry;
+using harp::transport::shm::RingCtl;
+using harp::transport::shm::SegHeader;
+using harp::transport::shm::SlotHdr;
+
+constexpr uint32_t kHostileSlots = 8, kHostileSlotBytes = 1024;
+constexpr size_t kCap = kHostileSlotBytes - sizeof(SlotHdr);
+
+// The segment of `rank` as mapped in this process.
+uint8_t* mappedSegmentOf(int rank) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("harp-shm") == std::string::npos) continue;
+    uint8_t* base = reinterpret_cast<uint8_t*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16));
+    auto* h = reinterpret_cast<SegHeader*>(base);
+    if (h->magic == harp::transport::shm::kSegMagic && h->rank == rank) return base;
+  }
+  return nullptr;
+}
+
+Geometry hostileGeometry() {
+  Geometry g;
+  g.nlocal = 2;
+  g.nslots = kHostileSlots;
+  g.slot_bytes = kHostileSlotBytes;
+  return g;
+}
+
+// Slot k of the ring that carries messages from local rank `from` into `seg`.
+SlotHdr* ringSlot(uint8_t* seg, int from, uint64_t k) {
+  Geometry g = hostileGeometry();
+  return reinterpret_cast<SlotHdr*>(seg + g.ringOffset(from) + sizeof(RingCtl) + (k % g.nslots) * g.slot_bytes);
+}
+RingCtl* ringCtl(uint8_t* seg, int from) { return reinterpret_cast<RingCtl*>(seg + hostileGeometry().ringOffset(from)); }
+
+void writeSlot(uint8_t* seg, uint64_t k, uint64_t tag, uint64_t len, uint32_t kind, uint32_t nbytes, uint8_t fill) {
+  SlotHdr* h = ringSlot(seg, 0, k);
+  h->tag = tag;
+  h->len = len;
+  h->kind = kind;
+  h->nbytes = nbytes;
+  memset(harp::transport::shm::payload(h), fill, kCap);
+  h->seq.store(k + 1, std::memory_order_release);
+}
+
+struct Hostile {
+  const char* name;
+  // Attacker: what to write (victim's segment, attacker's own segment).
+  std::function<void(uint8_t* victim, uint8_t* own)> attack;
+  // Victim: what to post (receives of `len` bytes with `tag` 5, or one send).
+  size_t recv_len;
+  bool send;  // post a send of 64 KB (CMA) instead of receives
+  const char* expect;  // words the error must contain
+  int no_cma = -1;     // this rank runs with HARP_SHM_CMA=0 (refuses single-copy reads of its peer)
+};
+
+const std::vector<Hostile>& hostileCases() {
+  static const std::vector<Hostile> cases = {
+      {"payload longer than the posted receive", [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 1, 512, 0xAB); },
+       64, false, "512"},
+      {"payload longer than a slot", [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 1, 0xFFFFFFF0u, 0xAB); },
+       64, false, "4294967280"},
+      {"payload longer than its own message (mismatch path)",
+       [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 6, 8, 1, 512, 0xAB); }, 64, false, "512"},
+      {"unknown slot kind", [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 7, 64, 0xAB); }, 64, false, "kind 7"},
+      {"continuation without a start", [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 2, 64, 0xAB); }, 64, false,
+       "continuation"},
+      {"a new message in the middle of one",
+       [](uint8_t* v, uint8_t*) {
+         writeSlot(v, 0, 5, 2000, 1, kCap, 0x11);
+         writeSlot(v, 1, 5, 2000, 1, 2000 - kCap, 0x22);
+       },
+       2000, false, "middle"},
+      {"continuation longer than the rest of the message",
+       [](uint8_t* v, uint8_t*) {
+         writeSlot(v, 0, 5, 1200, 1, kCap, 0x11);
+         writeSlot(v, 1, 5, 1200, 2, 500, 0x22);  // 208 bytes remain
+       },
+       1200, false, "remain"},
+      {"single-copy descriptor though single-copy reads are off",
+       [](uint8_t* v, uint8_t*) { writeSlot(v, 0, 5, 64, 3, 8, 0); }, 64, false, "single-copy", 1},
+      {"ring consumed count beyond what was written",
+       [](uint8_t*, uint8_t* own) { ringCtl(own, 1)->tail.store(1000, std::memory_order_release); }, 0, true,
+       "1000", 0},  // no single-copy: the send goes through the ring and fills it
+      {"single-copy acks beyond what was posted",
+       [](uint8_t* v, uint8_t*) { ringCtl(v, 0)->acks.store(5, std::memory_order_release); }, 0, true, "5"},
+  };
+  return cases;
+}
+
+void hostileBody(int r, ShmTransport& t, const Hostile& c) {
+  const std::string done = std::string(getenv("HARP_TEST_DIR")) + "/done";
+  if (r == 0) {
+    uint8_t* victim = mappedSegmentOf(1);
+    uint8_t* own = mappedSegmentOf(0);
+    CHECK(victim && own, "segments not found in /proc/self/maps");
+    usleep(50000);  // the victim has posted
+    c.attack(victim, own);
+    for (int i = 0; i < 30000 && access(done.c_str(), F_OK) != 0; ++i) usleep(1000);
+    return;  // never reads its ring: a stuck victim fails on its own deadline
+  }
+  const size_t guard = 4096;
+  std::vector<uint8_t> buf(std::max<size_t>(c.recv_len, 65536) + guard, 0xEE);
+  Request q{};
+  q.buf = buf.data();
+  q.tag = 5;
+  q.peer = 0;
+  if (c.send) {
+    q.len = 65536;  // above HARP_SHM_CMA_BYTES: a single-copy send, or a full ring
+    t.pair(0)->isend(&q);
+    if (!q.done()) waitAll(t, {&q}, 10);
+  } else {
+    q.len = c.recv_len;
+    t.pair(0)->irecv(&q);
+    waitAll(t, {&q}, 10);
+  }
+  std::ofstream(done) << "x";
+  CHECK(q.state == Request::kFailed && q.failure == Request::kPeerFailure, "%s: state %d failure %d (%s)", c.name,
+        q.state, q.failure, q.error.c_str());
+  CHECK(q.error.find("protocol error") != std::string::npos && q.error.find("rank 0") != std::string::npos &&
+            q.error.find(c.expect) != std::string::npos,
+        "%s: the error does not name the peer, the fault and '%s': %s", c.name, c.expect, q.error.c_str());
+  if (!c.send)
+    for (size_t i = q.len; i < buf.size(); ++i) CHECK(buf[i] == 0xEE, "%s: byte %zu past the buffer written", c.name, i);
+  // The pair stays failed: a later post fails at once, naming the same fault.
+  Request z{};
+  z.buf = buf.data();
+  z.len = 8;
+  z.tag = 9;
+  t.pair(0)->irecv(&z);
+  CHECK(z.state == Request::kFailed && z.error == q.error, "%s: a later post: %s", c.name, z.error.c_str());
+}
+
+}  // namespace
+
+TEST(ShmTransport, HostilePeerSlotsAndIndicesAreRejected) {
+  for (size_t i = 0; i < hostileCases().size(); ++i) {
+    const Hostile& c = hostileCases()[i];
+    char tmpl[] = "/tmp/harp-shm-hostile-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    std::map<std::string, std::string> env = {{"HARP_SHM_SLOTS", std::to_string(kHostileSlots)},
+                                              {"HARP_SHM_SLOT_BYTES", std::to_string(kHostileSlotBytes)},
+                                              {"HARP_SHM_CMA_BYTES", "4096"},
+                                              {"HARP_TEST_DIR", dir}};
+    Scenario sc{2, [&c](int r, ShmTransport& t) { hostileBody(r, t, c); }, env, [&c](int r) {
+      if (r == c.no_cma) setenv("HARP_SHM_CMA", "0", 1);
+    }};
+    auto st = runRanks(sc, 30);
+    EXPECT_EQ(st[0], 0) << c.name;
+    EXPECT_EQ(st[1], 0) << c.name << " (the victim's exit status: 1 a failed check, 128+n a signal)";
+    std::string cmd = "rm -rf " + dir;
+    if (system(cmd.c_str()) != 0) perror("rm");
+  }
+}
+
+// checkSlot on generated headers (edge values: 0, 1, the slot capacity, the
+// message's remainder, all ones, each +-1): whatever it accepts is within
+// the slot, the message and the posted receive; and every slot sequence the
+// sender (progressSends) writes for any length and slot size is accepted.
+TEST(ShmTransport, CheckSlotBoundsGeneratedHeaders) {
+  using harp::transport::shm::checkSlot;
+  using harp::transport::shm::SlotExpect;
+  using harp::transport::shm::SlotView;
+  std::mt19937_64 rng(20261203);
+  auto pick = [&](std::vector<uint64_t> edges) {
+    uint64_t v = rng() % 4 == 0 ? rng() : edges[rng() % edges.size()];
+    return v + (rng() % 3) - 1;  // the edge, one below or one above
+  };
+  size_t accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const size_t cap = 224 + 64 * (rng() % 16);
+    SlotExpect e;
+    e.start = rng() % 2;
+    e.cma = rng() % 2;
+    e.tag = rng() % 4;
+    e.len = pick({0, 1, cap, 2 * cap, 1u << 20, UINT32_MAX, UINT64_MAX});
+    e.done = e.len ? rng() % e.len : 0;
+    SlotView h;
+    h.kind = static_cast<uint32_t>(rng() % 5);
+    h.tag = rng() % 3 ? e.tag : rng() % 4;
+    h.len = rng() % 3 ? e.len : pick({0, 1, cap, e.len, UINT64_MAX});
+    h.nbytes = static_cast<uint32_t>(pick({0, 1, 8, cap, e.len - e.done, h.len, UINT32_MAX}));
+    if (!checkSlot(h, e, cap).empty()) continue;
+    ++accepted;
+    ASSERT_TRUE(h.kind >= 1 && h.kind <= 3) << h.kind;
+    ASSERT_LE(h.nbytes, cap);
+    if (e.start) {
+      ASSERT_NE(h.kind, 2u);
+      if (h.kind == 1) ASSERT_LE(h.nbytes, h.len);
+      if (h.kind == 3) ASSERT_TRUE(e.cma && h.nbytes == 8 && h.len > 0);
+    } else {
+      ASSERT_EQ(h.kind, 2u);
+      ASSERT_TRUE(h.tag == e.tag && h.len == e.len);
+      ASSERT_TRUE(h.nbytes > 0 && h.nbytes <= e.len - e.done) << h.nbytes << " of " << e.len - e.done;
+    }
+  }
+  EXPECT_GT(accepted, 1000u);  // the generator reaches the accepting side too
+  for (int i = 0; i < 20000; ++i) {  // what an honest sender writes
+    const size_t cap = 224 + 64 * (rng() % 16);
+    const uint64_t len = rng() % 3 == 0 ? rng() % 4 : rng() % (20 * cap);
+    SlotExpect e;
+    e.tag = rng();
+    e.len = len;
+    for (uint64_t off = 0;;) {
+      SlotView h{e.tag, len, off == 0 ? 1u : 2u, static_cast<uint32_t>(std::min<uint64_t>(cap, len - off))};
+      e.start = off == 0;
+      e.done = off;
+      ASSERT_EQ(checkSlot(h, e, cap), "") << "len " << len << " cap " << cap << " offset " << off;
+      off += h.nbytes;
+      if (off >= len) break;
+    }
+  }
 }

@@ -399,6 +399,7 @@ void ShmTransport::connectPeers(const std::vector<int>& peers, const std::vector
       HARP_INFO_S(LogSubsys::kShm, "shm: cannot read the memory of %s with process_vm_readv (%s); large messages to it "
                 "go through the ring", rankName(p).c_str(), k < 0 ? std::strerror(err) : "wrong value");
     if (!env::flag("HARP_SHM_CMA")) can = 0;
+    pr->cma_in_ = can == 1;  // what we offer: a single-copy descriptor from a peer we refused is a protocol error
     sendWithFd(pr->sock_, &can, 1, -1, dl, rankName(p));
   }
   for (int p : peers) {

@@ -54,9 +54,86 @@ void ShmPair::irecv(Request* r) {
   if (recvs_.size() == 1) progressRecvs();
 }
 
+// ---- What the peer writes: read once, checked (shm_transport.h) ---------------
+
+namespace {
+const char* kindName(uint32_t k) { return k == kMsg ? "message" : k == kCont ? "continuation" : "single-copy"; }
+}  // namespace
+
+std::string checkSlot(const SlotView& h, const SlotExpect& e, size_t cap) {
+  auto n = [](uint64_t v) { return std::to_string(v); };
+  if (h.kind != kMsg && h.kind != kCont && h.kind != kCma) return "a slot of unknown kind " + n(h.kind);
+  if (!e.start) {
+    const uint64_t left = e.len - e.done;
+    if (h.kind != kCont)
+      return std::string("a new ") + kindName(h.kind) + " slot in the middle of a message (tag " + hex64(e.tag) +
+             ", " + n(e.len) + " bytes, " + n(e.done) + " received)";
+    if (h.tag != e.tag || h.len != e.len)
+      return "a continuation slot of tag " + hex64(h.tag) + ", " + n(h.len) + " bytes in the middle of a message (tag " +
+             hex64(e.tag) + ", " + n(e.len) + " bytes)";
+    if (h.nbytes == 0 || h.nbytes > std::min<uint64_t>(cap, left))
+      return "a continuation slot of " + n(h.nbytes) + " payload bytes where " + n(left) +
+             " bytes of the message remain and a slot holds " + n(cap);
+    return "";
+  }
+  if (h.kind == kCont) return "a continuation slot without a message start";
+  if (h.kind == kCma) {
+    if (!e.cma) return "a single-copy descriptor, but this rank offered it no single-copy reads";
+    if (h.nbytes != sizeof(uint64_t)) return "a single-copy descriptor of " + n(h.nbytes) + " bytes (not 8)";
+    if (h.len == 0) return "a single-copy descriptor for an empty message";
+    return "";
+  }
+  if (h.nbytes > std::min<uint64_t>(cap, h.len))
+    return "a message slot of " + n(h.nbytes) + " payload bytes for a message of " + n(h.len) +
+           " bytes (a slot holds " + n(cap) + ")";
+  return "";
+}
+
+// One read of each field (relaxed atomics: the compiler may not read again).
+SlotView ShmPair::readSlot() const {
+  SlotHdr* h = inSlot(rtail_);
+  SlotView v;
+  v.tag = __atomic_load_n(&h->tag, __ATOMIC_RELAXED);
+  v.len = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
+  v.kind = __atomic_load_n(&h->kind, __ATOMIC_RELAXED);
+  v.nbytes = __atomic_load_n(&h->nbytes, __ATOMIC_RELAXED);
+  return v;
+}
+
+// The peer's count of our single-copy messages it has read; false (and the
+// pair failed) when it went back or past what we posted.
+bool ShmPair::readAcks(uint64_t* acks) {
+  const uint64_t a = in_ctl_->acks.load(std::memory_order_acquire);
+  if (a < acks_seen_ || a > cma_posted_) {
+    protocolError("it acknowledged " + std::to_string(a) + " single-copy messages (before: " +
+                  std::to_string(acks_seen_) + "; this rank posted " + std::to_string(cma_posted_) + ")");
+    return false;
+  }
+  *acks = acks_seen_ = a;
+  return true;
+}
+
+void ShmPair::protocolError(const std::string& what) {
+  if (failed_) return;
+  const std::string why = "shm protocol error from " + who() + ": " + what + " (the pair with it is closed)";
+  HARP_WARN("%s", why.c_str());
+  failed_ = true;
+  failed_why_ = why;
+  discard_ = 0;
+  failAll(Request::kPeerFailure, why);
+}
+
+// ---- Sending -----------------------------------------------------------------
+
 bool ShmPair::hasFreeSlot() {
   if (head_ - tail_cache_ < nslots_) return true;
-  tail_cache_ = out_ctl_->tail.load(std::memory_order_acquire);
+  const uint64_t tail = out_ctl_->tail.load(std::memory_order_acquire);
+  if (tail < tail_cache_ || tail > head_) {  // progressSends reports it
+    bad_tail_ = true;
+    bad_tail_value_ = tail;
+    return false;
+  }
+  tail_cache_ = tail;
   return head_ - tail_cache_ < nslots_;
 }
 
@@ -64,8 +141,10 @@ void ShmPair::publish(SlotHdr* h, uint64_t k) { h->seq.store(k + 1, std::memory_
 
 bool ShmPair::progressSends() {
   bool moved = false;
+  if (failed_) return false;
   if (!cma_wait_.empty()) {
-    uint64_t acks = in_ctl_->acks.load(std::memory_order_acquire);
+    uint64_t acks;
+    if (!readAcks(&acks)) return true;
     while (!cma_wait_.empty() && cma_wait_.front()->tp_word <= acks) {
       cma_wait_.front()->complete();
       cma_wait_.pop_front();
@@ -116,38 +195,55 @@ bool ShmPair::progressSends() {
     sends_.pop_front();
   }
   if (published) wakeIfSleeping(peer_hdr_);
+  if (bad_tail_) {
+    protocolError("its ring's consumed count went to " + std::to_string(bad_tail_value_) + " (before: " +
+                  std::to_string(tail_cache_) + "; this rank wrote " + std::to_string(head_) + " slots)");
+    return true;
+  }
   return moved;
 }
+
+// ---- Receiving ---------------------------------------------------------------
 
 void ShmPair::releaseSlot() { in_ctl_->tail.store(++rtail_, std::memory_order_release); }
 
 // Skip the remaining slots of a message whose receive failed (mismatch).
 bool ShmPair::drainDiscard() {
   bool moved = false;
-  while (discard_ && slotReady()) {
-    SlotHdr* h = inSlot(rtail_);
-    discard_ -= std::min<uint64_t>(discard_, h->nbytes);
+  const size_t cap = slot_bytes_ - sizeof(SlotHdr);
+  while (discard_ && !failed_ && slotReady()) {
+    const SlotView h = readSlot();
+    SlotExpect e;
+    e.start = false;
+    e.tag = discard_tag_;
+    e.len = discard_len_;
+    e.done = discard_len_ - discard_;
+    std::string bad = checkSlot(h, e, cap);
+    if (!bad.empty()) {
+      protocolError(bad);
+      return true;
+    }
+    discard_ -= h.nbytes;
     releaseSlot();
     moved = true;
   }
   return moved;
 }
 
-// Read the next piece of a single-copy message straight from the sender.
+// Read the next piece of a single-copy message straight from the sender (its
+// address cma_addr_ was read once and checked when the message started).
 // False when the request failed.
-bool ShmPair::readCma(Request* r, const SlotHdr* h) {
-  uint64_t addr;
-  memcpy(&addr, payload(h), sizeof addr);
+bool ShmPair::readCma(Request* r) {
   size_t n = std::min(t_->cma_piece_, r->len - r->offset);
   iovec l{static_cast<char*>(r->buf) + r->offset, n};
-  iovec rem{reinterpret_cast<void*>(addr + r->offset), n};
+  iovec rem{reinterpret_cast<void*>(cma_addr_ + r->offset), n};
   ssize_t k = process_vm_readv(pid_, &l, 1, &rem, 1, 0);
   if (k > 0) {
     r->offset += static_cast<size_t>(k);
     return true;
   }
   if (k < 0 && errno == EINTR) return true;
-  int e = errno;
+  int e = k == 0 ? EFAULT : errno;
   std::string why = e == ESRCH ? who() + " died (process_vm_readv: no such process)"
                                : "reading the send buffer of " + who() + " with process_vm_readv failed: " +
                                      std::strerror(e);
@@ -161,59 +257,76 @@ bool ShmPair::readCma(Request* r, const SlotHdr* h) {
 bool ShmPair::progressRecvs() {
   bool moved = false;
   if (discard_) moved |= drainDiscard();
-  while (!recvs_.empty() && !discard_) {
+  const size_t cap = slot_bytes_ - sizeof(SlotHdr);
+  while (!recvs_.empty() && !discard_ && !failed_) {
     if (!slotReady()) {
       if (dead_) failAll(Request::kPeerFailure, dead_why_);
       break;
     }
     Request* r = recvs_.front();
-    SlotHdr* h = inSlot(rtail_);
-    const bool first = h->kind != kCont;
-    if (first && r->offset == 0 && r->tp_word == 0 && (h->tag != r->tag || h->len != r->len)) {
-      r->peer_tag = h->tag;
-      r->peer_len = h->len;
-      r->fail(Request::kMismatch, "message from " + who() + " has tag " + hex64(h->tag) + " and " +
-                                      std::to_string(h->len) + " bytes; this rank expected tag " +
-                                      hex64(r->tag) + " and " + std::to_string(r->len) + " bytes");
-      recvs_.pop_front();
-      if (h->kind == kCma) {
-        out_ctl_->acks.store(++cma_acked_, std::memory_order_release);
-        wakeIfSleeping(peer_hdr_);
-      } else {
-        discard_ = h->len - h->nbytes;
+    if (r->tp_word == 0) {  // the next slot: its header, read once and checked
+      const SlotView h = readSlot();
+      SlotExpect e;
+      e.start = r->offset == 0;
+      e.tag = r->tag;
+      e.len = r->len;
+      e.done = r->offset;
+      e.cma = cma_in_;
+      std::string bad = checkSlot(h, e, cap);
+      if (!bad.empty()) {
+        protocolError(bad);
+        break;
       }
-      releaseSlot();
-      moved = true;
-      if (discard_) drainDiscard();
-      continue;
+      if (e.start && (h.tag != r->tag || h.len != r->len)) {
+        r->peer_tag = h.tag;
+        r->peer_len = h.len;
+        r->fail(Request::kMismatch, "message from " + who() + " has tag " + hex64(h.tag) + " and " +
+                                        std::to_string(h.len) + " bytes; this rank expected tag " +
+                                        hex64(r->tag) + " and " + std::to_string(r->len) + " bytes");
+        recvs_.pop_front();
+        if (h.kind == kCma) {
+          out_ctl_->acks.store(++cma_acked_, std::memory_order_release);
+          wakeIfSleeping(peer_hdr_);
+        } else {
+          discard_ = h.len - h.nbytes;  // checkSlot: nbytes <= len
+          discard_tag_ = h.tag;
+          discard_len_ = h.len;
+        }
+        releaseSlot();
+        moved = true;
+        if (discard_) drainDiscard();
+        continue;
+      }
+      if (h.kind == kCma) {
+        const uint64_t addr = __atomic_load_n(reinterpret_cast<const uint64_t*>(payload(inSlot(rtail_))),
+                                              __ATOMIC_RELAXED);
+        if (addr > UINT64_MAX - r->len) {
+          protocolError("a single-copy descriptor at address " + hex64(addr) + " for " + std::to_string(r->len) +
+                        " bytes (past the end of the address space)");
+          break;
+        }
+        cma_addr_ = addr;
+        r->tp_word = 1;  // started: the next calls continue the read
+      } else {
+        if (h.nbytes) memcpy(static_cast<char*>(r->buf) + r->offset, payload(inSlot(rtail_)), h.nbytes);
+        r->offset += h.nbytes;
+        releaseSlot();
+        moved = true;
+        if (r->offset >= r->len) {
+          r->complete();
+          recvs_.pop_front();
+        }
+        continue;
+      }
     }
-    if (h->kind == kCont && r->offset == 0) {
-      std::string why = "shm protocol error: continuation slot from " + who() + " without a message start";
-      failed_ = true;
-      failed_why_ = why;
-      failAll(Request::kPeerFailure, why);
-      break;
-    }
-    if (h->kind == kCma) {
-      r->tp_word = 1;  // started
-      if (!readCma(r, h)) break;
-      moved = true;
-      if (r->offset < r->len) break;  // next piece on the next progress call
-      releaseSlot();
-      out_ctl_->acks.store(++cma_acked_, std::memory_order_release);
-      wakeIfSleeping(peer_hdr_);
-      r->complete();
-      recvs_.pop_front();
-      continue;
-    }
-    if (h->nbytes) memcpy(static_cast<char*>(r->buf) + r->offset, payload(h), h->nbytes);
-    r->offset += h->nbytes;
-    releaseSlot();
+    if (!readCma(r)) break;
     moved = true;
-    if (r->offset >= r->len) {
-      r->complete();
-      recvs_.pop_front();
-    }
+    if (r->offset < r->len) break;  // next piece on the next progress call
+    releaseSlot();
+    out_ctl_->acks.store(++cma_acked_, std::memory_order_release);
+    wakeIfSleeping(peer_hdr_);
+    r->complete();
+    recvs_.pop_front();
   }
   if (moved) wakeIfSleeping(peer_hdr_);  // it may wait for ring space
   return moved;
@@ -241,7 +354,8 @@ void ShmPair::markDead(const std::string& why) {
   }
   HARP_INFO_S(LogSubsys::kShm, "shm: %s", why.c_str());
   // Single-copy sends the peer finished reading before it went away succeeded.
-  uint64_t acks = in_ctl_->acks.load(std::memory_order_acquire);
+  uint64_t acks = 0;
+  if (!readAcks(&acks)) return;  // failed every request
   while (!cma_wait_.empty() && cma_wait_.front()->tp_word <= acks) {
     cma_wait_.front()->complete();
     cma_wait_.pop_front();

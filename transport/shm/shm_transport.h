@@ -35,6 +35,31 @@ namespace harp::transport::shm {
 class ShmTransport;
 struct Hello;  // shm_connect.cc: sent after the authenticated handshake
 
+// Everything the peer writes into shared memory is read once into a local and
+// checked before use: a slot header (SlotView, checkSlot), the consumed count
+// of the ring we write (never back, never past what we wrote), the count of our
+// single-copy messages it read (never back, never past what we posted), the
+// single-copy address (its read must not wrap). A violation fails the pair
+// with "shm protocol error from <peer>: <what>"; nothing past the header is
+// read and nothing is written past the posted buffer.
+struct SlotView {
+  uint64_t tag = 0, len = 0;
+  uint32_t kind = 0, nbytes = 0;
+};
+// What the receiver expects of the next slot: a message start (any tag and
+// length: another than the posted receive's is a mismatch, not a protocol
+// error), or the next piece of the message with `tag` and `len` of which
+// `done` bytes came (also when that message is being skipped after a
+// mismatch). `cma`: this rank offered the peer single-copy reads.
+struct SlotExpect {
+  bool start = true;
+  uint64_t tag = 0, len = 0, done = 0;
+  bool cma = false;
+};
+// "" when `h` may come next, else what is wrong with it (a sentence naming the
+// fields). `cap`: payload bytes a slot holds.
+std::string checkSlot(const SlotView& h, const SlotExpect& e, size_t cap);
+
 class ShmPair : public Pair {
  public:
   ShmPair(ShmTransport* t, int peer) : t_(t), peer_(peer) {}
@@ -49,7 +74,10 @@ class ShmPair : public Pair {
   bool progressSends();
   bool progressRecvs();
   bool drainDiscard();
-  bool readCma(Request* r, const SlotHdr* h);
+  bool readCma(Request* r);
+  SlotView readSlot() const;
+  bool readAcks(uint64_t* acks);
+  void protocolError(const std::string& what);
   void releaseSlot();
   SlotHdr* outSlot(uint64_t k) const { return reinterpret_cast<SlotHdr*>(out_slots_ + (k % nslots_) * slot_bytes_); }
   SlotHdr* inSlot(uint64_t k) const { return reinterpret_cast<SlotHdr*>(in_slots_ + (k % nslots_) * slot_bytes_); }
@@ -66,6 +94,7 @@ class ShmPair : public Pair {
   int sock_ = -1;        // unix socket to the peer (liveness)
   int pid_ = 0;          // peer pid in our pid namespace (SO_PEERCRED)
   bool cma_ = false;     // peer can read our memory with process_vm_readv
+  bool cma_in_ = false;  // we can read the peer's (and told it so): it may send single-copy descriptors
   Segment seg_;          // peer's segment (mapped)
   SegHeader* peer_hdr_ = nullptr;
   RingCtl* out_ctl_ = nullptr;  // ring me -> peer (in peer's segment)
@@ -79,7 +108,12 @@ class ShmPair : public Pair {
   uint64_t rtail_ = 0;        // next slot I read (peer -> me)
   uint64_t cma_posted_ = 0;   // CMA descriptors I sent
   uint64_t cma_acked_ = 0;    // CMA messages from the peer I finished
+  uint64_t cma_addr_ = 0;     // single-copy read under way: the sender's buffer (read once)
+  uint64_t acks_seen_ = 0;    // latest valid in_ctl_->acks
   uint64_t discard_ = 0;      // bytes of a mismatched message still to skip
+  uint64_t discard_tag_ = 0, discard_len_ = 0;  // that message
+  bool bad_tail_ = false;     // out_ctl_->tail went back or past head_ (hasFreeSlot)
+  uint64_t bad_tail_value_ = 0;
   std::deque<Request*> sends_, recvs_, cma_wait_;
   bool dead_ = false;         // connection gone (EOF/error); ring may still hold data
   std::string dead_why_;
