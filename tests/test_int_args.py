@@ -81,6 +81,10 @@ class Env:
         for w in works:
             w.wait()
         self.work = works[0]
+        cws = _pair(lambda r: self.comms[r].allreduce_coalesced([np.ones(4, np.float32)], async_op=True))
+        for w in cws:
+            w.wait()
+        self.cwork = cws[0]
         self.nc = nccl.NcclCommunicator.initAll(2)
         self.n = self.nc[0]
         self.pg = None
@@ -170,7 +174,8 @@ TABLE = {
     "harp.Communicator.__init__": {
         "rank": Spec(0, 0, lambda e, v: _fresh(lambda u: harp.Communicator(v, 1, u)), "rank"),
         "size": Spec(1, 2**31 - 1, lambda e, v: _fresh(lambda u: harp.Communicator(0, v, u)), "size"),
-        "timeout": Spec(1, INF, lambda e, v: _fresh(lambda u: harp.Communicator(0, 1, u, timeout=v)), "timeout")},
+        "timeout": Spec(1, INF, lambda e, v: _fresh(lambda u: harp.Communicator(0, 1, u, timeout=v)), "timeout"),
+        "unique_id": Spec(1, 0, lambda e, v: harp.Communicator(0, 1, v), "unique_id", named=False)},
     "harp.Communicator.from_store": {
         "rank": Spec(*I32, lambda e, v: harp.Communicator.from_store(_store(), v, 1), "rank"),
         "size": Spec(*I32, lambda e, v: harp.Communicator.from_store(_store(), 0, v), "size"),
@@ -217,7 +222,8 @@ TABLE = {
         "color": Spec(*I32, lambda e, v: e.c.split(v), "color"),
         "key": Spec(*I32, lambda e, v: e.c.split(0, v), "key")},
     "harp.Communicator.shrink": {"exclude": Spec(0, 1, lambda e, v: e.c.shrink([v]), "exclude")},
-    "harp.Communicator.grow": {"new_size": Spec(3, 2**31 - 1, lambda e, v: e.c.grow(v), "new_size")},
+    "harp.Communicator.grow": {"new_size": Spec(3, 2**31 - 1, lambda e, v: e.c.grow(v), "new_size"),
+                               "unique_id": Spec(1, 0, lambda e, v: e.c.grow(3, v), "unique_id", named=False)},
     "harp.Communicator.allreduce_coalesced": {
         "op": Spec(0, 7, lambda e, v: e.c.allreduce_coalesced([x4()], op=v), "op"),
         **_timeout_specs(lambda e, v: e.c.allreduce_coalesced([x4()], timeout=v))},
@@ -225,6 +231,9 @@ TABLE = {
     "harp.Communicator.revoke": {}, "harp.Communicator.failed_ranks": {}, "harp.Communicator.agree": {},
     "harp.Work.__init__": {}, "harp.Work.test": {}, "harp.Work.is_completed": {},
     "harp.Work.wait": {"timeout": Spec(0, INF, lambda e, v: e.work.wait(v), "timeout")},
+    "harp.coalesce.CoalescedWork.__init__": {}, "harp.coalesce.CoalescedWork.test": {},
+    "harp.coalesce.CoalescedWork.is_completed": {},
+    "harp.coalesce.CoalescedWork.wait": {"timeout": Spec(0, INF, lambda e, v: e.cwork.wait(v), "timeout")},
     "harp.UniqueId.__init__": {}, "harp.UniqueId.hex": {}, "harp.UniqueId.from_hex": {},
     "harp.UniqueId.release": {},
     # harp.nccl ------------------------------------------------------------------------------------
@@ -360,7 +369,7 @@ ALIASES = {"ProcessGroupHarp._allgather_base": "all_gather_single", "ProcessGrou
 
 # Parameter names that carry integers somewhere in the API: each such parameter of an entry point
 # must be in its TABLE row (or be declared there as not an integer, by NOT_INT).
-INT_NAMES = {"rank", "size", "root", "peer", "tag", "count", "recvcount", "color", "key", "dst", "src",
+INT_NAMES = {"unique_id", "rank", "size", "root", "peer", "tag", "count", "recvcount", "color", "key", "dst", "src",
              "new_size", "nranks", "ndev", "datatype", "op", "flags", "nbytes", "ptr", "handle", "stream",
              "residence", "devices", "exclude", "ranks_to_exclude", "shrink_flags", "timeout", "sendcounts",
              "recvcounts", "sdispls", "rdispls", "output_split_sizes", "input_split_sizes", "sendbuf", "recvbuf",
@@ -396,6 +405,8 @@ def entry_points():
             elif inspect.isclass(obj) and not issubclass(obj, BaseException) and obj.__module__.startswith("harp") \
                     and not issubclass(obj, int):  # DataType/ReduceOp: enums, not entry points
                 methods(f"{modname}.{name}", obj)
+    from harp.coalesce import CoalescedWork  # what allreduce_coalesced(async_op=True) returns
+    methods("harp.coalesce.CoalescedWork", CoalescedWork)
     methods("ProcessGroupHarp", ProcessGroupHarp)
     for alias in ALIASES:
         out.pop(alias, None)
@@ -479,7 +490,7 @@ def test_error_says_what_is_allowed(env):
 def test_extremes_inside_the_range_are_accepted(env):
     """The largest values an argument allows work (they are not refused as 'too large')."""
     assert env.c.algorithm("allreduce", 2**64 - 1)
-    res = _pair(lambda r: env.comms[r].allreduce(np.full(4, r + 1.0, np.float32), timeout=2**200))
+    res = _pair(lambda r: env.comms[r].allreduce(np.full(4, r + 1.0, np.float32), timeout=2**1100))  # > a double
     assert all((x == 3).all() for x in res)
     got = np.zeros(4, np.float32)
     _pair(lambda r: env.comms[0].send(np.arange(4, dtype=np.float32), 1, 2**32 - 1) if r == 0
@@ -488,4 +499,4 @@ def test_extremes_inside_the_range_are_accepted(env):
     subs = _pair(lambda r: env.comms[r].split(2**31 - 1, -2**31 + r))
     assert [s.rank for s in subs] == [0, 1]
     _pair(lambda r: subs[r].destroy())
-    assert env.work.wait(2**200) is not None and env.work.wait(0) is not None
+    assert env.work.wait(2**1100) is not None and env.work.wait(0) is not None

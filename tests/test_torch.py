@@ -159,6 +159,8 @@ def test_timeouts_in_torch_words_and_zero_is_zero(tmp_path):
     assert matched, msg
     assert secs >= 1.0 - 0.1 and secs < 10, secs  # torch: assertGreaterAlmostEqual(now, start + 1 s, delta=0.1)
     assert "harp barrier failed on rank 0" in msg and "waiting for rank(s) 1" in msg, msg  # HARP's naming kept
+    msg, secs = out["barrier0"]
+    assert re.search(tc.TORCH_TIMEOUT_RE, msg) and secs < 5, (msg, secs)
     msg, secs, kind = out["mbFalse"]
     assert re.search(tc.TORCH_MB_RANK0_RE, msg), msg
     assert kind == "DistBackendError" and secs < 2, (kind, secs)

@@ -515,6 +515,15 @@ def timeouts_torch_words(rank, size, url):
         except Exception as e:  # noqa: BLE001 - torch's test catches Exception
             out["barrier"] = (str(e), time.monotonic() - t0)
     dist.barrier()  # rank 1 stays until rank 0's group barrier has timed out
+    g0 = dist.new_group(timeout=datetime.timedelta(seconds=60))
+    if rank == 0:  # a per-call timeout of 0 is zero too, not the group's 60 s
+        t0 = time.monotonic()
+        try:
+            dist.barrier(g0, timeout=datetime.timedelta(0))
+            out["barrier0"] = ("no error", 0.0)
+        except Exception as e:  # noqa: BLE001
+            out["barrier0"] = (str(e), time.monotonic() - t0)
+    dist.barrier()
     pg = dist.new_group(ranks=list(range(size)))
     if rank == 0:
         for wait_all in (False, True):

@@ -24,7 +24,16 @@ reads or writes past a buffer. ``op`` is a name ('sum', 'max', ...), a
 :class:`ReduceOp` or its integer code; ``root``, ``peer``, ``tag`` (0 to
 2**32-1) and alltoallv counts are integers (numpy integers too). bool and
 float are refused (``op=True`` is not prod, ``root=True`` is not rank 1):
-:class:`InvalidArgumentError` naming the argument.
+:class:`InvalidArgumentError` naming the argument. Every integer argument is checked against
+what it allows (and the C type behind it: rank, size, color and key are C ints, counts size_t)
+before anything runs, so a value such as ``root=2**63`` is an InvalidArgumentError naming the
+argument, the value and the allowed range, never an OverflowError or a wrapped value.
+
+Timeouts (HARP's rule; the torch backend follows torch's, see harp/torch/_pg.py): a
+communicator's or a call's ``timeout`` is None (HARP_TIMEOUT, or the communicator's) or a
+number of seconds > 0; 0 and negatives are refused, not read as "unset"; inf, or a number too
+large for a double, means no limit. ``Work.wait(timeout)`` takes seconds >= 0, where 0 only
+checks; None waits until done (the collective's own timeout bounds that).
 
 Threading: a Communicator may be shared between threads, but all ranks must
 issue collectives in the same order, so order your threads' calls yourself.
@@ -71,6 +80,19 @@ def _float(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
+def wait_seconds(timeout, what: str) -> float:
+    """A wait's limit for the core's Work.wait: None, inf or huge -> -1 (until done); seconds >= 0
+    (0 only checks); negatives and NaN refused."""
+    if timeout is None:
+        return -1.0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{what} must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    secs = _float(timeout)
+    if math.isnan(secs) or secs < 0:
+        raise InvalidArgumentError(f"{what} {timeout!r} is not allowed: a number of seconds >= 0 (None: until done)")
+    return -1.0 if secs > 1e9 else secs  # past 1e9 s: no limit (such a deadline overflows the core's clock)
+
+
 # C int (the core's rank, size, color and key), size_t (counts).
 INT32 = (-2**31, 2**31 - 1)
 SIZE_T = (0, 2**64 - 1)
@@ -103,18 +125,7 @@ class Work:
 
         With a timeout (seconds >= 0; 0 only checks), raises TimeoutError if not done by then (the
         work goes on). None, inf or a huge value: wait until done (the collective's own timeout bounds it)."""
-        secs = -1.0
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
-                raise InvalidArgumentError(f"Work.wait: timeout must be a number of seconds, got "
-                                           f"{type(timeout).__name__} {timeout!r}")
-            secs = _float(timeout)
-            if math.isnan(secs) or secs < 0:
-                raise InvalidArgumentError(f"Work.wait: timeout {timeout!r} is not allowed: a number of seconds >= 0 "
-                                           "(None: until done)")
-            if secs > 1e9:  # no limit (a deadline that far overflows the core's clock)
-                secs = -1.0
-        if not self._work.wait(secs):
+        if not self._work.wait(wait_seconds(timeout, "Work.wait: timeout")):
             raise TimeoutError(f"collective not finished after {timeout} s")
         self._keep = None
         return self._result
@@ -150,11 +161,24 @@ def _claim(uid: bytes, rank):
     _claimed.add(key)
 
 
-def _comm_args(what, rank, size, timeout):
+def _comm_args(what, rank, size, timeout, transport):
     """rank and size as C ints, the timeout in seconds (-1: HARP_TIMEOUT). Whether rank < size is the
     core's to say (it reports a bad rank or size to every rank through the store)."""
+    if transport is not None and not isinstance(transport, str):
+        raise InvalidArgumentError(f"{what}: transport must be a name such as 'tcp' or None, got "
+                                   f"{type(transport).__name__} {transport!r}")
     return (check_int(rank, f"{what}: rank", *INT32), check_int(size, f"{what}: size", *INT32),
             _comm_timeout(timeout, f"{what}: timeout"))
+
+
+def _uid_bytes(unique_id, what: str) -> bytes:
+    """The bytes of a UniqueId (or bytes-like). An int is refused: bytes(5) would be 5 zero bytes."""
+    if isinstance(unique_id, UniqueId):
+        return unique_id.bytes
+    if isinstance(unique_id, (bytes, bytearray, memoryview)):
+        return bytes(unique_id)
+    raise InvalidArgumentError(f"{what} must be a harp.UniqueId (harp.get_unique_id()) or its 128 bytes, got "
+                               f"{type(unique_id).__name__}")
 
 
 class Communicator:
@@ -165,8 +189,8 @@ class Communicator:
             return
         if unique_id is None:
             raise InvalidArgumentError("Communicator needs a unique_id (harp.get_unique_id()) or use harp.init()")
-        rank, size, t = _comm_args("Communicator", rank, size, timeout)
-        uid = unique_id.bytes if isinstance(unique_id, UniqueId) else bytes(unique_id)
+        rank, size, t = _comm_args("Communicator", rank, size, timeout, transport)
+        uid = _uid_bytes(unique_id, "Communicator: unique_id")
         _claim(uid, rank)
         self._c = _harp.Comm(uid, rank, size, t, transport or "")
 
@@ -175,7 +199,7 @@ class Communicator:
                    transport: str | None = None) -> "Communicator":
         """Rendezvous through a key-value store (an object with set/get/add, e.g. an adapter
         over torch.distributed.Store)."""
-        rank, size, t = _comm_args("Communicator.from_store", rank, size, timeout)
+        rank, size, t = _comm_args("Communicator.from_store", rank, size, timeout, transport)
         impl = _harp.Comm.from_store(store, prefix, rank, size, t, transport or "")
         return cls(rank, size, _impl=impl)
 
@@ -554,7 +578,7 @@ class Communicator:
         current ranks keep their numbers, joiners call ``harp.Communicator(rank, new_size, unique_id)``
         with rank >= size. Rank 0 passes a fresh ``harp.get_unique_id()`` (the others may pass None)."""
         new_size = check_int(new_size, "grow: new_size", self.size + 1, 2**31 - 1)
-        uid = None if unique_id is None else bytes(unique_id)
+        uid = None if unique_id is None else _uid_bytes(unique_id, "grow: unique_id")
         return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
 
     # -- coalesced collectives (issue 17; harp/coalesce.py) ------------------------------
