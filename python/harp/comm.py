@@ -98,11 +98,6 @@ INT32 = (-2**31, 2**31 - 1)
 SIZE_T = (0, 2**64 - 1)
 
 
-def _comm_timeout(timeout, what: str) -> float:
-    """A communicator's timeout: None (HARP_TIMEOUT) or seconds > 0."""
-    return _seconds(timeout, what)
-
-
 def _coll_name(collective) -> Coll:
     """A collective by name ('allreduce', ...) or Coll, else InvalidArgumentError listing the names."""
     if isinstance(collective, Coll):
@@ -168,7 +163,7 @@ def _comm_args(what, rank, size, timeout, transport):
         raise InvalidArgumentError(f"{what}: transport must be a name such as 'tcp' or None, got "
                                    f"{type(transport).__name__} {transport!r}")
     return (check_int(rank, f"{what}: rank", *INT32), check_int(size, f"{what}: size", *INT32),
-            _comm_timeout(timeout, f"{what}: timeout"))
+            _seconds(timeout, f"{what}: timeout"))
 
 
 def _uid_bytes(unique_id, what: str) -> bytes:

@@ -17,14 +17,17 @@ are accepted wherever an address is.
 This module is a ctypes layer over ``libharp-nccl.so`` (the same library that
 serves C programs through LD_PRELOAD), so both paths share one implementation.
 Checks: counts, datatypes, ops, roots and peers must be integers (numpy integers too; bool
-and float are refused). An array passed as a buffer must be C-contiguous and hold the bytes
-the call uses (count x datatype size, x nranks for allGather's recvbuf and reduceScatter's
-sendbuf); a bare address carries no size, so that stays the caller's, as in NCCL. Bad
-arguments raise NcclInvalidArgument (an NcclError with NCCL_INVALID_ARGUMENT and a
-harp.InvalidArgumentError). Lifetime: host-memory calls outside a group are done when they
-return; inside a group they run at the outermost groupEnd, and arrays passed to them are
-kept alive until then; device-memory calls are ordered on the stream, and the arrays must
-live until the stream passes them, as in NCCL.
+and float are refused) that their C types hold (size_t for counts, int for the others, 0 to
+2**64-1 for addresses and streams): ctypes would silently wrap any other (2**32 + 7 read as
+7), so such a value is refused naming the argument, the value and the range. An array passed
+as a buffer must be C-contiguous and hold the bytes the call uses (count x datatype size, x
+nranks for allGather's recvbuf and reduceScatter's sendbuf); a bare address carries no size,
+so that stays the caller's, as in NCCL. Bad arguments raise NcclInvalidArgument (an
+NcclError with NCCL_INVALID_ARGUMENT and a harp.InvalidArgumentError), and so do the
+library's own refusals (status NCCL_INVALID_ARGUMENT). Lifetime: host-memory calls outside a
+group are done when they return; inside a group they run at the outermost groupEnd, and
+arrays passed to them are kept alive until then; device-memory calls are ordered on the
+stream, and the arrays must live until the stream passes them, as in NCCL.
 
 Threading: as NCCL — one thread per communicator at a time; ctypes releases the
 GIL during every call, so several threads may drive several communicators.
