@@ -567,15 +567,17 @@ class NcclCommunicator:
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream=0):
         n, dt, nb = self._nbytes("reduceScatter", recvcount, datatype, "recvcount")
         op, st = _int(op, "reduceScatter: op"), _stream(stream)
-        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", None if nb is None else nb * self._nranks()),
-                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), n, dt, op, self._c(), st), self._comm)
+        whole = None if nb is None else nb * self._nranks()
+        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", whole),
+                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), n, dt, op, self._c(), st),
+               self._comm)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream=0):
         n, dt, nb = self._nbytes("allGather", count, datatype)
         st = _stream(stream)
-        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb),
-                                  _ptr(recvbuf, "allGather: recvbuf", None if nb is None else nb * self._nranks()), n, dt,
-                                  self._c(), st), self._comm)
+        whole = None if nb is None else nb * self._nranks()
+        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb), _ptr(recvbuf, "allGather: recvbuf", whole),
+                                  n, dt, self._c(), st), self._comm)
 
     def send(self, sendbuf, count, datatype, peer, stream=0):
         n, dt, nb = self._nbytes("send", count, datatype)
