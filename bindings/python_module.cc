@@ -174,9 +174,13 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Communicator& c = py::cast<Communicator&>(py::handle(args[0]));
     const long op = opCode(args[4]);
     if (op < 0 || !PyLong_CheckExact(args[5])) Py_RETURN_FALSE;
-    const long coll = PyLong_AsLong(args[1]), root = PyLong_AsLong(args[5]);
+    const long coll = PyLong_AsLong(args[1]);
     if (PyErr_Occurred()) return nullptr;
-    if (root < 0 || root >= c.size()) Py_RETURN_FALSE;
+    // A root beyond a C long (root=2**63) is out of range like any other: the general path
+    // words the error (InvalidArgumentError naming root), not an OverflowError from here.
+    int overflow = 0;
+    const long long root = PyLong_AsLongLongAndOverflow(args[5], &overflow);
+    if (overflow || root < 0 || root >= c.size()) Py_RETURN_FALSE;
     void *s = nullptr, *r = nullptr;
     size_t ns = 0, nr = 0, count = 0;
     int ds = 0, dr = 0;

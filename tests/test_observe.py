@@ -351,7 +351,7 @@ def test_torch_timeout_reads_like_torch(tmp_path):
     res = run_ranks(2, _torch_timeout, f"file://{tmp_path}/store", timeout=120)
     msg = res[0]
     assert re.search(r"Timed out|closed|timeout", msg), msg  # what torch's tests and users match
-    assert msg.startswith("DistBackendError: Timed out")
+    assert msg.startswith("DistBackendError: harp allreduce failed on rank 0") and " Timed out " in msg, msg
     assert "waiting for rank(s) 1" in msg and "#2" in msg, msg  # HARP's naming kept
 
 

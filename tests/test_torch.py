@@ -149,6 +149,39 @@ def test_monitored_barrier_names_the_missing_rank(tmp_path):
     assert "rank(s) [1] did not reach" in res[2], res[2]
 
 
+def test_timeouts_in_torch_words_and_zero_is_zero(tmp_path):
+    """A group barrier's timeout carries " Timed out " as torch's test matches it, after the group's
+    1 s; monitored_barrier(timedelta(0)) fails at once in gloo's words, without waiting for the
+    group's default timeout."""
+    res = run_ranks(2, tc.timeouts_torch_words, _url(tmp_path), timeout=150)
+    out, matched = res[0]
+    msg, secs = out["barrier"]
+    assert matched, msg
+    assert secs >= 1.0 - 0.1 and secs < 10, secs  # torch: assertGreaterAlmostEqual(now, start + 1 s, delta=0.1)
+    assert "harp barrier failed on rank 0" in msg and "waiting for rank(s) 1" in msg, msg  # HARP's naming kept
+    msg, secs = out["barrier0"]
+    assert re.search(tc.TORCH_TIMEOUT_RE, msg) and secs < 5, (msg, secs)
+    msg, secs, kind = out["mbFalse"]
+    assert re.search(tc.TORCH_MB_RANK0_RE, msg), msg
+    assert kind == "DistBackendError" and secs < 2, (kind, secs)
+    assert "after 0 ms" in msg and "rank(s) [1]" in msg, msg
+    msg, secs, kind = out["mbTrue"]
+    assert re.search("Rank 1 failed to pass monitoredBarrier in 0 ms", msg) and secs < 2, (msg, secs)
+
+
+def test_torch_own_timeout_tests_with_harp_in_gloos_place(tmp_path):
+    """torch's test_barrier_timeout_full_group and test_monitored_barrier_gloo_rank_0_timeout,
+    their own code, with harp as the backend."""
+    pytest.importorskip("expecttest")  # torch's test modules import it (a test-only package)
+    names = ["test_barrier_timeout_full_group", "test_monitored_barrier_gloo_rank_0_timeout"]
+    res = run_ranks(2, tc.torch_suite, _url(tmp_path), str(tmp_path), names, timeout=200)
+    for rank, out in enumerate(res):
+        for name in names:
+            status, secs = out[name]
+            assert status == "ok", f"rank {rank} {name}: {status}"
+            assert secs < 30, f"rank {rank} {name} took {secs:.1f} s"
+
+
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")

@@ -493,6 +493,81 @@ def errors_monitored(rank, size, url):
         return str(e)
 
 
+# torch's own matching rules (torch/testing/_internal/distributed/distributed_test.py), kept verbatim:
+# _test_barrier_timeout's assertRaisesRegex(Exception, " (Timed out|closed|timeout) ") and
+# test_monitored_barrier_gloo_rank_0_timeout's f"Rank {rank} timed out in monitoredBarrier".
+TORCH_TIMEOUT_RE = " (Timed out|closed|timeout) "
+TORCH_MB_RANK0_RE = "Rank 0 timed out in monitoredBarrier"
+
+
+def timeouts_torch_words(rank, size, url):
+    """Both torch scenarios, as our own code: a full group of 1 s where only rank 0 calls barrier;
+    a new group's monitored_barrier(timedelta(0)) on rank 0 alone, and one with wait_all_ranks."""
+    import re
+    init(rank, size, url, timeout=60)
+    out = {}
+    g = dist.new_group(timeout=datetime.timedelta(seconds=1))
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.barrier(g)
+            out["barrier"] = ("no error", 0.0)
+        except Exception as e:  # noqa: BLE001 - torch's test catches Exception
+            out["barrier"] = (str(e), time.monotonic() - t0)
+    dist.barrier()  # rank 1 stays until rank 0's group barrier has timed out
+    g0 = dist.new_group(timeout=datetime.timedelta(seconds=60))
+    if rank == 0:  # a per-call timeout of 0 is zero too, not the group's 60 s
+        t0 = time.monotonic()
+        try:
+            dist.barrier(g0, timeout=datetime.timedelta(0))
+            out["barrier0"] = ("no error", 0.0)
+        except Exception as e:  # noqa: BLE001
+            out["barrier0"] = (str(e), time.monotonic() - t0)
+    dist.barrier()
+    pg = dist.new_group(ranks=list(range(size)))
+    if rank == 0:
+        for wait_all in (False, True):
+            t0 = time.monotonic()
+            try:
+                pg.monitored_barrier(datetime.timedelta(0), wait_all_ranks=wait_all)
+                out[f"mb{wait_all}"] = ("no error", 0.0, "")
+            except RuntimeError as e:
+                out[f"mb{wait_all}"] = (str(e), time.monotonic() - t0, type(e).__name__)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out, bool(re.search(TORCH_TIMEOUT_RE, out.get("barrier", ("",))[0]))
+
+
+def torch_suite(rank, size, url, tmp, names):
+    """torch's own test methods, unmodified, with harp as the world's backend in gloo's place:
+    distributed_test.py reads BACKEND at import and gates these tests on "gloo"; every group they
+    create (dist.new_group) takes the world's backend, harp."""
+    import unittest
+    os.environ.update(BACKEND="gloo", WORLD_SIZE=str(size), INIT_METHOD=url, TEMP_DIR=tmp)
+    from torch.testing._internal.common_utils import TestCase
+    from torch.testing._internal.distributed import distributed_test as dt
+    init(rank, size, url, timeout=60)
+
+    class Suite(dt.DistributedTest._DistTestBase, TestCase):  # torch's TestCase: its assert helpers
+        pass
+
+    out = {}
+    for name in names:
+        case = Suite(name)
+        case.rank, case.world_size = rank, size
+        t0 = time.monotonic()
+        try:
+            getattr(case, name)()
+            out[name] = ("ok", time.monotonic() - t0)
+        except unittest.SkipTest as e:
+            out[name] = (f"skipped: {e}", 0.0)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            out[name] = (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+        dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
 def errors_local(rank, size, url):
     """Local argument errors: clear messages; the group stays usable."""
     init(rank, size, url)

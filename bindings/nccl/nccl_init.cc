@@ -510,8 +510,8 @@ HARP_NCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* s
     return fail(ncclInvalidArgument, std::string("ncclRedOpCreatePreMulSum: ") + e.what());
   }
   if (residence != ncclScalarHostImmediate && residence != ncclScalarDevice)
-    return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: residence must be ncclScalarDevice or "
-                                     "ncclScalarHostImmediate");
+    return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: residence " + std::to_string(residence) +
+                                         " must be ncclScalarDevice (0) or ncclScalarHostImmediate (1)");
   RedOpEntry e;
   e.live = true;
   e.dtype = datatype;

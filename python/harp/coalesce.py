@@ -258,12 +258,14 @@ class CoalescedWork:
     def wait(self, timeout=None):
         """Block until every reduction finished and the results are in the arrays; returns the list.
         timeout: seconds to wait for the reductions (TimeoutError if not done; call wait again)."""
+        from .comm import wait_seconds
+        secs = wait_seconds(timeout, "CoalescedWork.wait: timeout")  # checked whether or not it is needed
         if self._error is not None:
             raise self._error
         if not self._done:
             if timeout is not None:
                 for w, _ in list(self._flight):
-                    if not w.wait(float(timeout)):
+                    if not w.wait(secs):
                         raise TimeoutError(f"allreduce_coalesced not finished after {timeout} s")
             self._finish()
         return self._result

@@ -24,7 +24,16 @@ reads or writes past a buffer. ``op`` is a name ('sum', 'max', ...), a
 :class:`ReduceOp` or its integer code; ``root``, ``peer``, ``tag`` (0 to
 2**32-1) and alltoallv counts are integers (numpy integers too). bool and
 float are refused (``op=True`` is not prod, ``root=True`` is not rank 1):
-:class:`InvalidArgumentError` naming the argument.
+:class:`InvalidArgumentError` naming the argument. Every integer argument is checked against
+what it allows (and the C type behind it: rank, size, color and key are C ints, counts size_t)
+before anything runs, so a value such as ``root=2**63`` is an InvalidArgumentError naming the
+argument, the value and the allowed range, never an OverflowError or a wrapped value.
+
+Timeouts (HARP's rule; the torch backend follows torch's, see harp/torch/_pg.py): a
+communicator's or a call's ``timeout`` is None (HARP_TIMEOUT, or the communicator's) or a
+number of seconds > 0; 0 and negatives are refused, not read as "unset"; inf, or a number too
+large for a double, means no limit. ``Work.wait(timeout)`` takes seconds >= 0, where 0 only
+checks; None waits until done (the collective's own timeout bounds that).
 
 Threading: a Communicator may be shared between threads, but all ranks must
 issue collectives in the same order, so order your threads' calls yourself.
@@ -47,16 +56,55 @@ from .errors import InvalidArgumentError
 _ALLREDUCE = int(Coll.allreduce)
 
 
-def _seconds(timeout) -> float:
-    """A per-call timeout in seconds (-1: the communicator's)."""
+def _seconds(timeout, what: str = "timeout") -> float:
+    """A per-call timeout in seconds (-1: the communicator's). HARP's rule: None means the
+    communicator's timeout; any other value must be a number > 0 (0 and negatives are refused,
+    not read as "unset"); values too large for a double (huge ints) and inf mean no limit
+    (the core saturates them)."""
     if timeout is None:
         return -1.0
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
-        raise InvalidArgumentError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
-    t = float(timeout)
+        raise InvalidArgumentError(f"{what} must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    t = _float(timeout)
     if math.isnan(t) or t <= 0:
-        raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout!r}")
+        raise InvalidArgumentError(f"{what} {timeout!r} is not allowed: a timeout is a number of seconds > 0 "
+                                   "(None: the communicator's)")
     return t
+
+
+def _float(x) -> float:
+    """float(x), an int too large for a double read as +-inf (no OverflowError)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def wait_seconds(timeout, what: str) -> float:
+    """A wait's limit for the core's Work.wait: None, inf or huge -> -1 (until done); seconds >= 0
+    (0 only checks); negatives and NaN refused."""
+    if timeout is None:
+        return -1.0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{what} must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    secs = _float(timeout)
+    if math.isnan(secs) or secs < 0:
+        raise InvalidArgumentError(f"{what} {timeout!r} is not allowed: a number of seconds >= 0 (None: until done)")
+    return -1.0 if secs > 1e9 else secs  # past 1e9 s: no limit (such a deadline overflows the core's clock)
+
+
+# C int (the core's rank, size, color and key), size_t (counts).
+INT32 = (-2**31, 2**31 - 1)
+SIZE_T = (0, 2**64 - 1)
+
+
+def _coll_name(collective) -> Coll:
+    """A collective by name ('allreduce', ...) or Coll, else InvalidArgumentError listing the names."""
+    if isinstance(collective, Coll):
+        return collective
+    if isinstance(collective, str) and collective in Coll.__members__:
+        return Coll[collective]
+    raise InvalidArgumentError(f"collective {collective!r} is not a collective (known: {', '.join(Coll.__members__)})")
 
 
 class Work:
@@ -70,8 +118,9 @@ class Work:
     def wait(self, timeout: Optional[float] = None):
         """Block until done (raises the collective's error); returns the output buffer.
 
-        With a timeout, raises TimeoutError if not done by then (the work goes on)."""
-        if not self._work.wait(-1.0 if timeout is None else float(timeout)):
+        With a timeout (seconds >= 0; 0 only checks), raises TimeoutError if not done by then (the
+        work goes on). None, inf or a huge value: wait until done (the collective's own timeout bounds it)."""
+        if not self._work.wait(wait_seconds(timeout, "Work.wait: timeout")):
             raise TimeoutError(f"collective not finished after {timeout} s")
         self._keep = None
         return self._result
@@ -107,6 +156,26 @@ def _claim(uid: bytes, rank):
     _claimed.add(key)
 
 
+def _comm_args(what, rank, size, timeout, transport):
+    """rank and size as C ints, the timeout in seconds (-1: HARP_TIMEOUT). Whether rank < size is the
+    core's to say (it reports a bad rank or size to every rank through the store)."""
+    if transport is not None and not isinstance(transport, str):
+        raise InvalidArgumentError(f"{what}: transport must be a name such as 'tcp' or None, got "
+                                   f"{type(transport).__name__} {transport!r}")
+    return (check_int(rank, f"{what}: rank", *INT32), check_int(size, f"{what}: size", *INT32),
+            _seconds(timeout, f"{what}: timeout"))
+
+
+def _uid_bytes(unique_id, what: str) -> bytes:
+    """The bytes of a UniqueId (or bytes-like). An int is refused: bytes(5) would be 5 zero bytes."""
+    if isinstance(unique_id, UniqueId):
+        return unique_id.bytes
+    if isinstance(unique_id, (bytes, bytearray, memoryview)):
+        return bytes(unique_id)
+    raise InvalidArgumentError(f"{what} must be a harp.UniqueId (harp.get_unique_id()) or its 128 bytes, got "
+                               f"{type(unique_id).__name__}")
+
+
 class Communicator:
     def __init__(self, rank: int, size: int, unique_id: bytes | None = None, *, timeout: float | None = None,
                  transport: str | None = None, _impl=None):
@@ -115,18 +184,18 @@ class Communicator:
             return
         if unique_id is None:
             raise InvalidArgumentError("Communicator needs a unique_id (harp.get_unique_id()) or use harp.init()")
-        uid = unique_id.bytes if isinstance(unique_id, UniqueId) else bytes(unique_id)
+        rank, size, t = _comm_args("Communicator", rank, size, timeout, transport)
+        uid = _uid_bytes(unique_id, "Communicator: unique_id")
         _claim(uid, rank)
-        self._c = _harp.Comm(uid, int(rank), int(size), -1.0 if timeout is None else float(timeout),
-                             transport or "")
+        self._c = _harp.Comm(uid, rank, size, t, transport or "")
 
     @classmethod
     def from_store(cls, store, rank: int, size: int, *, prefix: str = "harp/", timeout: float | None = None,
                    transport: str | None = None) -> "Communicator":
         """Rendezvous through a key-value store (an object with set/get/add, e.g. an adapter
         over torch.distributed.Store)."""
-        impl = _harp.Comm.from_store(store, prefix, int(rank), int(size), -1.0 if timeout is None else float(timeout),
-                                     transport or "")
+        rank, size, t = _comm_args("Communicator.from_store", rank, size, timeout, transport)
+        impl = _harp.Comm.from_store(store, prefix, rank, size, t, transport or "")
         return cls(rank, size, _impl=impl)
 
     # -- properties -------------------------------------------------------------------
@@ -144,13 +213,13 @@ class Communicator:
 
     def transport(self, peer: int) -> str:
         """Name of the transport carrying traffic to `peer` ("self" for this rank)."""
-        return self._c.transport_name(int(peer))
+        return self._c.transport_name(check_int(peer, "transport: peer", 0, self.size - 1))
 
     def algorithm(self, collective: str, count: int, dtype="float32") -> str:
-        """The algorithm the tuning table (and HARP_ALGO) picks for this call."""
-        from ._types import parse_dtype
-
-        return self._c.choose_algorithm(int(Coll[collective]), int(count), int(parse_dtype(dtype)))
+        """The algorithm the tuning table (and HARP_ALGO) picks for this call (count: elements)."""
+        coll = _coll_name(collective)
+        count = check_int(count, "algorithm: count", *SIZE_T)
+        return self._c.choose_algorithm(int(coll), count, int(parse_dtype(dtype)))
 
     @property
     def broken(self) -> bool:
@@ -189,7 +258,7 @@ class Communicator:
 
     def _run(self, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0, algo=None,
              timeout=None, async_op=False, result=None, keep=(), v=None):
-        secs = _seconds(timeout)
+        secs = _seconds(timeout, f"{Coll(coll).name}: timeout")
         if self._pending:
             self._drain()
         if not async_op and v is None and peer < 0 and timeout is None:
@@ -420,7 +489,8 @@ class Communicator:
     def _p2p(self, what, peer, tag):
         peer = check_int(peer, f"{what}: peer", 0, self.size - 1)
         if peer == self.rank:
-            raise InvalidArgumentError(f"{what}: peer {peer} is this rank (send/recv need another rank)")
+            raise InvalidArgumentError(f"{what}: peer {peer} is this rank (allowed: another rank in [0, "
+                                       f"{self.size - 1}])")
         return peer, check_int(tag, f"{what}: tag", 0, MAX_TAG)
 
     def send(self, buf, peer: int, tag: int = 0, *, dtype=None, async_op=False, timeout=None):
@@ -444,8 +514,8 @@ class Communicator:
     def split(self, color: int, key: int | None = None) -> Optional["Communicator"]:
         """Collective: ranks with equal color form a new communicator ordered by (key, rank).
         color < 0 (e.g. harp.UNDEFINED) returns None on that rank."""
-        color = check_int(color, "split: color", -2**31, 2**31 - 1)
-        key = check_int(self.rank if key is None else key, "split: key", -2**31, 2**31 - 1)
+        color = check_int(color, "split: color", *INT32)
+        key = check_int(self.rank if key is None else key, "split: key", *INT32)
         impl = self._c.split(color, key)
         return None if impl is None else Communicator(0, 0, _impl=impl)
 
@@ -503,7 +573,7 @@ class Communicator:
         current ranks keep their numbers, joiners call ``harp.Communicator(rank, new_size, unique_id)``
         with rank >= size. Rank 0 passes a fresh ``harp.get_unique_id()`` (the others may pass None)."""
         new_size = check_int(new_size, "grow: new_size", self.size + 1, 2**31 - 1)
-        uid = None if unique_id is None else bytes(unique_id)
+        uid = None if unique_id is None else _uid_bytes(unique_id, "grow: unique_id")
         return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
 
     # -- coalesced collectives (issue 17; harp/coalesce.py) ------------------------------

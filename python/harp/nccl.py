@@ -17,14 +17,17 @@ are accepted wherever an address is.
 This module is a ctypes layer over ``libharp-nccl.so`` (the same library that
 serves C programs through LD_PRELOAD), so both paths share one implementation.
 Checks: counts, datatypes, ops, roots and peers must be integers (numpy integers too; bool
-and float are refused). An array passed as a buffer must be C-contiguous and hold the bytes
-the call uses (count x datatype size, x nranks for allGather's recvbuf and reduceScatter's
-sendbuf); a bare address carries no size, so that stays the caller's, as in NCCL. Bad
-arguments raise NcclInvalidArgument (an NcclError with NCCL_INVALID_ARGUMENT and a
-harp.InvalidArgumentError). Lifetime: host-memory calls outside a group are done when they
-return; inside a group they run at the outermost groupEnd, and arrays passed to them are
-kept alive until then; device-memory calls are ordered on the stream, and the arrays must
-live until the stream passes them, as in NCCL.
+and float are refused) that their C types hold (size_t for counts, int for the others, 0 to
+2**64-1 for addresses and streams): ctypes would silently wrap any other (2**32 + 7 read as
+7), so such a value is refused naming the argument, the value and the range. An array passed
+as a buffer must be C-contiguous and hold the bytes the call uses (count x datatype size, x
+nranks for allGather's recvbuf and reduceScatter's sendbuf); a bare address carries no size,
+so that stays the caller's, as in NCCL. Bad arguments raise NcclInvalidArgument (an
+NcclError with NCCL_INVALID_ARGUMENT and a harp.InvalidArgumentError), and so do the
+library's own refusals (status NCCL_INVALID_ARGUMENT). Lifetime: host-memory calls outside a
+group are done when they return; inside a group they run at the outermost groupEnd, and
+arrays passed to them are kept alive until then; device-memory calls are ordered on the
+stream, and the arrays must live until the stream passes them, as in NCCL.
 
 Threading: as NCCL — one thread per communicator at a time; ctypes releases the
 GIL during every call, so several threads may drive several communicators.
@@ -207,7 +210,10 @@ class NcclError(RuntimeError):
 def _check(status: int, comm=None):
     if status != NCCL_SUCCESS:
         detail = _L().ncclGetLastError(comm)
-        raise NcclError(status, detail.decode(errors="replace") if detail else "")
+        detail = detail.decode(errors="replace") if detail else ""
+        if status == NCCL_INVALID_ARGUMENT:  # the library refused an argument: a harp InvalidArgumentError too
+            raise NcclInvalidArgument(detail)
+        raise NcclError(status, detail)
 
 
 class NcclInvalidArgument(NcclError, InvalidArgumentError):
@@ -221,20 +227,25 @@ class NcclInvalidArgument(NcclError, InvalidArgumentError):
         return (type(self), (self.detail,))
 
 
-def _int(x, what: str) -> int:
-    """An integer argument (numpy integers too), never bool or float."""
+# The C type behind each integer argument: ctypes would silently wrap a value outside it
+# (c_int(2**32 + 7) is 7: another datatype, root or peer), so every one is checked first.
+INT = (-2**31, 2**31 - 1, "int")
+SIZE = (0, 2**64 - 1, "size_t")
+ADDR = (0, 2**64 - 1, "an address")
+
+
+def _int(x, what: str, ctype=INT) -> int:
+    """An integer argument (numpy integers too), never bool or float, within its C type."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise NcclInvalidArgument(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    lo, hi, name = ctype
+    if not lo <= x <= hi:
+        raise NcclInvalidArgument(f"{what} {int(x)} is out of range [{lo}, {hi}] ({name})")
     return int(x)
 
 
 def _count(x, what: str = "count") -> int:
-    n = _int(x, what)
-    if n < 0:
-        raise NcclInvalidArgument(f"{what} {n} is negative")
-    return n
-
-
+    return _int(x, what, SIZE)
 
 
 def _array_bytes(iface, what: str) -> int:
@@ -264,8 +275,8 @@ def _ptr(x, what: str = "buffer", nbytes: int | None = None, keep: bool = False)
         return 0
     if isinstance(x, bool):
         raise NcclInvalidArgument(f"{what}: {x!r} is not a buffer")
-    if isinstance(x, int):
-        return x
+    if isinstance(x, numbers.Integral):
+        return _int(x, what, ADDR)
     iface = getattr(x, "__cuda_array_interface__", None)
     if iface is None:
         iface = getattr(x, "__array_interface__", None)
@@ -289,10 +300,10 @@ def _ptr(x, what: str = "buffer", nbytes: int | None = None, keep: bool = False)
 def _stream(s) -> int:
     if s is None:
         return 0
-    if isinstance(s, int):
-        return s
+    if isinstance(s, numbers.Integral):
+        return _int(s, "stream", ADDR)
     if hasattr(s, "ptr"):
-        return int(s.ptr)
+        return _int(s.ptr, "stream.ptr", ADDR)
     raise TypeError(f"harp.nccl: stream must be an int or have .ptr, got {type(s).__name__}")
 
 
@@ -318,10 +329,10 @@ def get_unique_id() -> tuple:
 def _to_uid(comm_id) -> _UniqueId:
     if isinstance(comm_id, (bytes, bytearray)):
         raw = bytes(comm_id)
-    else:
-        raw = bytes((int(b) + 256) % 256 for b in comm_id)
+    else:  # CuPy's tuple of signed bytes (unsigned ones accepted too)
+        raw = bytes(_int(b, f"commId[{i}]", (-128, 255, "a byte")) % 256 for i, b in enumerate(comm_id))
     if len(raw) != NCCL_UNIQUE_ID_BYTES:
-        raise ValueError(f"harp.nccl: a unique id has {NCCL_UNIQUE_ID_BYTES} bytes, got {len(raw)}")
+        raise NcclInvalidArgument(f"commId: a unique id has {NCCL_UNIQUE_ID_BYTES} bytes, got {len(raw)}")
     uid = _UniqueId()
     ctypes.memmove(ctypes.addressof(uid), raw, NCCL_UNIQUE_ID_BYTES)
     return uid
@@ -364,12 +375,12 @@ def calls_served() -> int:
 def mem_alloc(size: int) -> int:
     """ncclMemAlloc: device memory when CUDA is usable, else aligned host memory."""
     p = ctypes.c_void_p()
-    _check(_L().ncclMemAlloc(ctypes.byref(p), size))
+    _check(_L().ncclMemAlloc(ctypes.byref(p), _count(size, "mem_alloc: size")))
     return p.value or 0
 
 
 def mem_free(ptr: int):
-    _check(_L().ncclMemFree(ptr))
+    _check(_L().ncclMemFree(_ptr(ptr, "mem_free: ptr")))
 
 
 class NcclCommunicator:
@@ -384,7 +395,8 @@ class NcclCommunicator:
     def __init__(self, ndev: int, commId, rank: int):
         self._comm = None
         c = ctypes.c_void_p()
-        _check(_L().ncclCommInitRank(ctypes.byref(c), ndev, _to_uid(commId), rank))
+        _check(_L().ncclCommInitRank(ctypes.byref(c), _int(ndev, "NcclCommunicator: nranks (ndev)"), _to_uid(commId),
+                                     _int(rank, "NcclCommunicator: rank")))
         self._comm = c.value
 
     @classmethod
@@ -396,12 +408,13 @@ class NcclCommunicator:
     @staticmethod
     def initAll(devices):
         """Several ranks in this process (``ncclCommInitAll``): an int (count) or a list of device ids."""
-        if isinstance(devices, int):
-            ndev, devlist = devices, None
+        if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+            ndev, devlist = _int(devices, "initAll: devices", (1, 2**31 - 1, "a number of ranks")), None
         elif isinstance(devices, (list, tuple)):
-            ndev, devlist = len(devices), list(devices)
+            ndev = len(devices)
+            devlist = [_int(d, f"initAll: devices[{i}]") for i, d in enumerate(devices)]
         else:
-            raise ValueError('"devices" should be an int or a list of int.')
+            raise NcclInvalidArgument('initAll: "devices" should be an int or a list of int.')
         arr = (ctypes.c_void_p * ndev)()
         dl = (ctypes.c_int * ndev)(*devlist) if devlist is not None else None
         _check(_L().ncclCommInitAll(arr, ndev, dl))
@@ -438,17 +451,19 @@ class NcclCommunicator:
     def split(self, color: int, key: int):
         """ncclCommSplit; None for NCCL_SPLIT_NOCOLOR."""
         out = ctypes.c_void_p()
-        _check(_L().ncclCommSplit(self._c(), color, key, ctypes.byref(out), None), self._comm)
+        _check(_L().ncclCommSplit(self._c(), _int(color, "split: color"), _int(key, "split: key"), ctypes.byref(out),
+                                  None), self._comm)
         return NcclCommunicator._wrap(out.value) if out.value else None
 
     # -- fault tolerance (issue 18; NCCL 2.27-2.29 semantics, bindings/nccl/nccl_ft.cc) --
     def revoke(self, flags: int = NCCL_REVOKE_DEFAULT):
         """ncclCommRevoke: every pending and later operation on every rank fails (ncclRemoteError)."""
-        _check(_L().ncclCommRevoke(self._c(), flags), self._comm)
+        _check(_L().ncclCommRevoke(self._c(), _int(flags, "revoke: flags")), self._comm)
 
     def shrink(self, exclude, flags: int = NCCL_SHRINK_DEFAULT) -> "NcclCommunicator":
         """ncclCommShrink: the communicator of the ranks not in ``exclude`` (only they call it)."""
-        ex = list(exclude)
+        ex = [_int(r, f"shrink: exclude[{i}]") for i, r in enumerate(exclude)]
+        flags = _int(flags, "shrink: flags")
         arr = (ctypes.c_int * max(1, len(ex)))(*ex)
         out = ctypes.c_void_p()
         _check(_L().ncclCommShrink(self._c(), arr, len(ex), ctypes.byref(out), None, flags), self._comm)
@@ -465,14 +480,16 @@ class NcclCommunicator:
         """ncclCommGrow on an existing rank (rank 0 passes the id from get_unique_id())."""
         out = ctypes.c_void_p()
         uid = None if commId is None else ctypes.byref(_to_uid(commId))
-        _check(_L().ncclCommGrow(self._c(), nranks, uid, -1, ctypes.byref(out), None), self._comm)
+        _check(_L().ncclCommGrow(self._c(), _int(nranks, "grow: nranks"), uid, -1, ctypes.byref(out), None),
+               self._comm)
         return NcclCommunicator._wrap(out.value)
 
     @staticmethod
     def join(nranks: int, commId, rank: int) -> "NcclCommunicator":
         """ncclCommGrow on a joining rank (comm NULL)."""
         out = ctypes.c_void_p()
-        _check(_L().ncclCommGrow(None, nranks, ctypes.byref(_to_uid(commId)), rank, ctypes.byref(out), None))
+        _check(_L().ncclCommGrow(None, _int(nranks, "join: nranks"), ctypes.byref(_to_uid(commId)),
+                                 _int(rank, "join: rank"), ctypes.byref(out), None))
         return NcclCommunicator._wrap(out.value)
 
     def _int_query(self, fn) -> int:
@@ -501,12 +518,15 @@ class NcclCommunicator:
         _check(_L().ncclCommGetAsyncError(self._c(), ctypes.byref(err)), self._comm)
         return err.value
 
-    # Every call checks its scalar arguments (integers, not bool or float) and, for array
-    # buffers, that each holds count x itemsize bytes (x nranks where the call says so).
-    def _nbytes(self, count, datatype, what="count"):
-        """count x itemsize, or None for a datatype the library will refuse (with its own text)."""
-        n, size = _count(count, what), _SIZES.get(_int(datatype, "datatype"))
-        return None if size is None else n * size
+    # Every call checks its scalar arguments (integers, not bool or float, within their C types:
+    # count size_t, datatype/op/root/peer int, buffers and stream addresses) and, for array
+    # buffers, that each holds count x itemsize bytes (x nranks where the call says so). Values
+    # the C types hold but the call cannot use (root 5 of 2 ranks) are the library's to refuse.
+    def _nbytes(self, fn, count, datatype, what="count"):
+        """(count, datatype, count x itemsize or None for a datatype the library will refuse)."""
+        n, dt = _count(count, f"{fn}: {what}"), _int(datatype, f"{fn}: datatype")
+        size = _SIZES.get(dt)
+        return n, dt, None if size is None else n * size
 
     def _nranks(self) -> int:
         n = getattr(self, "_size", None)
@@ -521,69 +541,74 @@ class NcclCommunicator:
         return r == root
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream=0):
-        nb = self._nbytes(count, datatype)
+        n, dt, nb = self._nbytes("allReduce", count, datatype)
+        op, st = _int(op, "allReduce: op"), _stream(stream)
         _check(_L().ncclAllReduce(_ptr(sendbuf, "allReduce: sendbuf", nb), _ptr(recvbuf, "allReduce: recvbuf", nb),
-                                  int(count), int(datatype), _int(op, "op"), self._c(), _stream(stream)), self._comm)
+                                  n, dt, op, self._c(), st), self._comm)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream=0):
-        nb = self._nbytes(count, datatype)
-        root = _int(root, "root")
+        n, dt, nb = self._nbytes("reduce", count, datatype)
+        op, root, st = _int(op, "reduce: op"), _int(root, "reduce: root"), _stream(stream)
         _check(_L().ncclReduce(_ptr(sendbuf, "reduce: sendbuf", nb),
-                               _ptr(recvbuf, "reduce: recvbuf", nb if self._is(root) else None), int(count), int(datatype),
-                               _int(op, "op"), root, self._c(), _stream(stream)), self._comm)
+                               _ptr(recvbuf, "reduce: recvbuf", nb if self._is(root) else None), n, dt, op, root,
+                               self._c(), st), self._comm)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream=0):
-        nb = self._nbytes(count, datatype)
-        root = _int(root, "root")
+        n, dt, nb = self._nbytes("broadcast", count, datatype)
+        root, st = _int(root, "broadcast: root"), _stream(stream)
         _check(_L().ncclBroadcast(_ptr(sendbuff, "broadcast: sendbuff", nb if self._is(root) else None),
-                                  _ptr(recvbuff, "broadcast: recvbuff", nb), int(count), int(datatype), root, self._c(),
-                                  _stream(stream)), self._comm)
+                                  _ptr(recvbuff, "broadcast: recvbuff", nb), n, dt, root, self._c(), st), self._comm)
 
     def bcast(self, buff, count, datatype, root, stream=0):
-        nb = self._nbytes(count, datatype)
-        _check(_L().ncclBcast(_ptr(buff, "bcast: buff", nb), int(count), int(datatype), _int(root, "root"), self._c(),
-                              _stream(stream)), self._comm)
+        n, dt, nb = self._nbytes("bcast", count, datatype)
+        root, st = _int(root, "bcast: root"), _stream(stream)
+        _check(_L().ncclBcast(_ptr(buff, "bcast: buff", nb), n, dt, root, self._c(), st), self._comm)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream=0):
-        nb = self._nbytes(recvcount, datatype, "recvcount")
-        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", None if nb is None else nb * self._nranks()),
-                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), int(recvcount), int(datatype),
-                                      _int(op, "op"), self._c(), _stream(stream)), self._comm)
+        n, dt, nb = self._nbytes("reduceScatter", recvcount, datatype, "recvcount")
+        op, st = _int(op, "reduceScatter: op"), _stream(stream)
+        whole = None if nb is None else nb * self._nranks()
+        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", whole),
+                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), n, dt, op, self._c(), st),
+               self._comm)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream=0):
-        nb = self._nbytes(count, datatype)
-        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb),
-                                  _ptr(recvbuf, "allGather: recvbuf", None if nb is None else nb * self._nranks()), int(count), int(datatype),
-                                  self._c(), _stream(stream)), self._comm)
+        n, dt, nb = self._nbytes("allGather", count, datatype)
+        st = _stream(stream)
+        whole = None if nb is None else nb * self._nranks()
+        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb), _ptr(recvbuf, "allGather: recvbuf", whole),
+                                  n, dt, self._c(), st), self._comm)
 
     def send(self, sendbuf, count, datatype, peer, stream=0):
-        nb = self._nbytes(count, datatype)
-        _check(_L().ncclSend(_ptr(sendbuf, "send: sendbuf", nb), int(count), int(datatype), _int(peer, "peer"), self._c(),
-                             _stream(stream)), self._comm)
+        n, dt, nb = self._nbytes("send", count, datatype)
+        peer, st = _int(peer, "send: peer"), _stream(stream)
+        _check(_L().ncclSend(_ptr(sendbuf, "send: sendbuf", nb), n, dt, peer, self._c(), st), self._comm)
 
     def recv(self, recvbuf, count, datatype, peer, stream=0):
-        nb = self._nbytes(count, datatype)
-        _check(_L().ncclRecv(_ptr(recvbuf, "recv: recvbuf", nb), int(count), int(datatype), _int(peer, "peer"), self._c(),
-                             _stream(stream)), self._comm)
+        n, dt, nb = self._nbytes("recv", count, datatype)
+        peer, st = _int(peer, "recv: peer"), _stream(stream)
+        _check(_L().ncclRecv(_ptr(recvbuf, "recv: recvbuf", nb), n, dt, peer, self._c(), st), self._comm)
 
     # HARP extensions (NCCL C API functions CuPy does not wrap).
     def create_premul_sum(self, scalar, datatype, residence=NCCL_SCALAR_HOST_IMMEDIATE) -> int:
         """ncclRedOpCreatePreMulSum; `scalar` is an address (or array) holding one element of `datatype`."""
         op = ctypes.c_int()
-        _check(_L().ncclRedOpCreatePreMulSum(ctypes.byref(op), _ptr(scalar), datatype, residence, self._c()),
-               self._comm)
+        dt, res = _int(datatype, "create_premul_sum: datatype"), _int(residence, "create_premul_sum: residence")
+        _check(_L().ncclRedOpCreatePreMulSum(ctypes.byref(op), _ptr(scalar, "create_premul_sum: scalar"), dt, res,
+                                             self._c()), self._comm)
         return op.value
 
     def destroy_op(self, op: int):
-        _check(_L().ncclRedOpDestroy(op, self._c()), self._comm)
+        _check(_L().ncclRedOpDestroy(_int(op, "destroy_op: op"), self._c()), self._comm)
 
     def register(self, buf, nbytes: int) -> int:
         h = ctypes.c_void_p()
-        _check(_L().ncclCommRegister(self._c(), _ptr(buf), nbytes, ctypes.byref(h)), self._comm)
+        nbytes = _count(nbytes, "register: nbytes")
+        _check(_L().ncclCommRegister(self._c(), _ptr(buf, "register: buf"), nbytes, ctypes.byref(h)), self._comm)
         return h.value
 
     def deregister(self, handle: int):
-        _check(_L().ncclCommDeregister(self._c(), handle), self._comm)
+        _check(_L().ncclCommDeregister(self._c(), _ptr(handle, "deregister: handle")), self._comm)
 
 
 __all__ = [n for n in dir() if n.startswith("NCCL_")] + [

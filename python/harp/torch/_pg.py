@@ -39,19 +39,28 @@ from .. import _harp, _params
 from .._types import MAX_TAG, Coll, DataType, ReduceOp
 from .._types import is_int as _is_int
 from ..comm import Communicator
-from ..errors import HarpError
+from ..errors import HarpError, InvalidArgumentError
 from ._store import TorchStore
 from ._sparse import sparse_allreduce
 from ._tensors import Staged, UnsupportedError, check_device, harp_op, reduce_op_name
 from ._work import Completer, HarpWork, backend_error, completed_work
 
 
+# torch's timeout rule, kept here: None or negative (c10d's kUnsetTimeout, -1 ms, the default of
+# every *Options.timeout) means "unset": the group's timeout; 0 means zero, as in gloo: the call
+# fails unless it can finish without waiting. HARP's own API refuses 0 (harp.comm._seconds) and
+# its core reads <= 0 as "the communicator's", so zero reaches the core as _ZERO_S.
+_ZERO_S = 1e-6
+
+
 def _secs(td) -> float:
-    """timedelta -> seconds; unset (negative/None) -> -1."""
+    """timedelta (or seconds) -> seconds for the core: unset (None/negative) -> -1; 0 -> _ZERO_S."""
     if td is None:
         return -1.0
     s = td.total_seconds() if hasattr(td, "total_seconds") else float(td)
-    return s if s > 0 else -1.0
+    if s != s:  # NaN
+        raise InvalidArgumentError(f"harp: timeout {td!r} is not a number of seconds")
+    return -1.0 if s < 0 else max(s, _ZERO_S)
 
 
 def _same_split(sizes):
@@ -193,21 +202,25 @@ class ProcessGroupHarp(dist.ProcessGroup):
             raise UnsupportedError(f"harp {opname}: expects exactly one tensor per rank, got {len(tensors)}")
         return tensors[0]
 
+    # Integer arguments torch passes through unchanged (dst, src, tag, rootRank, split sizes,
+    # excluded ranks): InvalidArgumentError (a ValueError, as torch's own checks raise) naming the
+    # argument, its value and what is allowed.
     def _peer(self, r, what, opname):
         """Another rank's index: an int (not bool or float) in range and not this rank."""
         if not _is_int(r) or not 0 <= r < self._size or r == self._rank:
-            raise ValueError(f"harp {opname}: {what} {r!r} is not another rank of {self._size}")
+            raise InvalidArgumentError(f"harp {opname}: {what} {r!r} is not another rank (allowed: 0 to "
+                                       f"{self._size - 1} except this rank, {self._rank})")
         return int(r)
 
     def _tag(self, tag, opname):
         if not _is_int(tag) or not 0 <= tag <= MAX_TAG:
-            raise ValueError(f"harp {opname}: tag {tag!r} must be an integer in [0, {MAX_TAG}]")
+            raise InvalidArgumentError(f"harp {opname}: tag {tag!r} is out of range [0, {MAX_TAG}]")
         return int(tag)
 
     def _root(self, r, opname):
         if not _is_int(r) or not 0 <= r < self._size:
-            raise ValueError(f"harp {opname}: root {r} is out of range for {self._size} ranks")
-        return r
+            raise InvalidArgumentError(f"harp {opname}: root {r!r} is out of range [0, {self._size - 1}]")
+        return int(r)
 
     # -- allreduce -------------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -220,7 +233,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
             name, timeout = reduce_op_name(opts.reduceOp), _secs(opts.timeout)
 
             def run():
-                sparse_allreduce(self._coll, t, name, timeout if timeout > 0 else None)
+                sparse_allreduce(self._coll, t, name, timeout if timeout > 0 else None)  # -1: unset
                 return []
             return self._issue("allreduce", run, opts, tensors)
         return self._allreduce_tensor("allreduce", t, opts, tensors)
@@ -530,8 +543,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
                     raise ValueError(f"harp all_to_all_single: {what} has {rows} rows, not divisible by {p} ranks")
                 splits = [rows // p] * p
             if len(splits) != p or any(not _is_int(x) or x < 0 for x in splits) or sum(splits) != rows:
-                raise ValueError(f"harp all_to_all_single: {what} split sizes {list(splits)} are not {p} "
-                                 f"non-negative integers covering {rows} rows")
+                raise InvalidArgumentError(f"harp all_to_all_single: {what} split sizes {list(splits)} are not "
+                                           f"allowed: {p} non-negative integers summing to the {rows} rows")
             c = [int(x) * row for x in splits]
             return c, [sum(c[:i]) for i in range(p)]
 
@@ -634,10 +647,18 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                             timeout=timeout)], opts, [])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        """Rank 0 checks in every rank through the Store and names the ranks that did not arrive in time."""
+        """Rank 0 checks in every rank through the Store and names the ranks that did not arrive in time.
+
+        As gloo's monitoredBarrier, whose words torch's tests match: timeout None (or unset) is the
+        group's; 0 is zero. Rank 0 checks the ranks in order; without wait_all_ranks, rank 0 raises
+        "Rank 0 timed out in monitoredBarrier after N ms" once its time is up before a rank was
+        checked, and "Rank r failed to pass monitoredBarrier in N ms" for the first rank that did not
+        arrive; with it, "Ranks a, b failed to pass monitoredBarrier in N ms" for all of them. HARP's
+        own text (which ranks, how long, which group) follows; the other ranks raise the same text."""
         secs = _secs(timeout)
         if secs < 0:
             secs = self._timeout if self._timeout > 0 else 1800.0
+        ms = int(round(secs * 1000)) if secs > _ZERO_S else 0
         self._mb_seq += 1
         key = f"harp_mb/{self._mb_seq}"
         deadline = time.monotonic() + secs
@@ -653,20 +674,27 @@ class ProcessGroupHarp(dist.ProcessGroup):
                 raise dist.DistBackendError(f"harp monitored_barrier: rank 0 reported: "
                                             f"{self._store.get(f'{key}/done').decode()}")
             return completed_work("monitored_barrier", self._desc, [])
-        missing = []
+        missing, passed, msg = [], [], None
         for r in range(1, self._size):
             left = deadline - time.monotonic()
+            if left <= 0 and not wait_all_ranks:
+                done = (f"Successfully processed ranks: {', '.join(map(str, passed))}" if passed else
+                        "No ranks successfully processed in monitoredBarrier")
+                msg = (f"Rank 0 timed out in monitoredBarrier after {ms} ms. {done}. (harp: rank(s) "
+                       f"{list(range(r, self._size))} not checked in within {secs:.3g} s, group '{self._name}')")
+                break
             try:
-                if left <= 0 and (missing and not wait_all_ranks):
-                    raise TimeoutError
-                self._store.wait([f"{key}/{r}"], datetime.timedelta(seconds=max(left, 0.01)))
+                self._store.wait([f"{key}/{r}"], datetime.timedelta(seconds=max(left, 0.001)))
+                passed.append(r)
             except Exception:
                 missing.append(r)
                 if not wait_all_ranks:
                     break
-        if missing:
-            msg = (f"rank(s) {missing} did not reach monitored_barrier within {secs:.1f} s "
-                   f"(group '{self._name}')")
+        if missing and msg is None:
+            who = f"Rank {missing[0]}" if len(missing) == 1 else f"Ranks {', '.join(map(str, missing))}"
+            msg = (f"{who} failed to pass monitoredBarrier in {ms} ms: rank(s) {missing} did not reach "
+                   f"monitored_barrier within {secs:.3g} s (group '{self._name}')")
+        if msg is not None:
             self._store.set(f"{key}/done", msg.encode())
             raise dist.DistBackendError(f"harp monitored_barrier on rank 0: {msg}")
         self._store.set(f"{key}/done", b"ok")
@@ -678,7 +706,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "send")
-        dst, tag = self._peer(dst, "destination", "send"), self._tag(tag, "send")
+        dst, tag = self._peer(dst, "dst", "send"), self._tag(tag, "send")
         s = Staged(t, read=True, write=False, op="send")
         lane = self._lane(self._rank, dst)
         w = self._issue(f"send to rank {dst}",
@@ -693,7 +721,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "recv")
-        src, tag = self._peer(src, "source", "recv"), self._tag(tag, "recv")
+        src, tag = self._peer(src, "src", "recv"), self._tag(tag, "recv")
         with self._lock:
             self._recvd[(src, tag)] = self._recvd.get((src, tag), 0) + 1
         w = self._recv_from(t, src, tag, tensors)
@@ -797,9 +825,19 @@ class ProcessGroupHarp(dist.ProcessGroup):
         return True
 
     def shrink(self, ranks_to_exclude, shrink_flags=0, opts=None):
-        ex = sorted(int(r) for r in ranks_to_exclude)
+        ex = []
+        for r in ranks_to_exclude:
+            if not _is_int(r) or not 0 <= r < self._size:
+                raise InvalidArgumentError(f"harp shrink on {self._desc}: ranks_to_exclude has {r!r}, not a rank "
+                                           f"(allowed: 0 to {self._size - 1})")
+            ex.append(int(r))
+        ex = sorted(set(ex))
         if self._rank in ex:
-            raise RuntimeError(f"harp: shrink on {self._desc}: this rank is excluded and must not call it")
+            raise InvalidArgumentError(f"harp shrink on {self._desc}: ranks_to_exclude has this rank, {self._rank}: "
+                                       "excluded ranks must not call shrink (allowed: the other ranks)")
+        if not _is_int(shrink_flags) or shrink_flags not in (0, 1):
+            raise InvalidArgumentError(f"harp shrink on {self._desc}: shrink_flags {shrink_flags!r} is not allowed: "
+                                       "0 (SHRINK_DEFAULT) or 1 (SHRINK_ABORT)")
         if shrink_flags & 1:  # SHRINK_ABORT: fail the parent's pending operations first
             for c in (self._coll, self._up, self._down):
                 if c is not None:

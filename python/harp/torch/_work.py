@@ -14,8 +14,8 @@ idempotent and locked, so whichever thread gets there first does it.
 
 HARP errors become torch.distributed.DistBackendError naming the operation,
 this rank and the group; the future carries the same exception. A timeout's
-text starts "Timed out: ... collective operation timeout", the words torch's
-own backends use (see backend_error).
+text holds " Timed out (collective operation timeout): ", the words torch's
+own backends use and its tests match (see backend_error).
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ from ..errors import HarpError, HarpTimeoutError, InvalidArgumentError
 def backend_error(op: str, pg_desc: str, err: BaseException) -> Exception:
     msg = f"harp {op} failed on {pg_desc}: {err}"
     if isinstance(err, HarpTimeoutError) or (isinstance(err, HarpError) and "timed out" in str(err)):
-        # In torch's own words (ProcessGroupGloo "Timed out waiting ...", the NCCL
-        # watchdog's "collective operation timeout"), which torch's tests, elastic
-        # agents and users match with `Timed out|closed|timeout`; HARP's text
-        # after it still names the operation, its number and the ranks waited for.
-        msg = f"Timed out: harp {op} on {pg_desc} hit its collective operation timeout: {err}"
+        # In torch's own words, as its tests match them: " (Timed out|closed|timeout) ", spaces
+        # included (distributed_test.py _test_barrier_timeout; gloo says "Timed out waiting ...",
+        # the NCCL watchdog "collective operation timeout"), also what elastic agents and users
+        # grep for. HARP's text after it still names the operation, its number and the ranks waited for.
+        msg = f"harp {op} failed on {pg_desc}: Timed out (collective operation timeout): {err}"
     if isinstance(err, InvalidArgumentError):
         return ValueError(msg)
     return dist.DistBackendError(msg)
@@ -119,6 +119,8 @@ class HarpWork(dist.Work):
     # -- torch.distributed.Work API ------------------------------------------------------------------------
     def wait(self, timeout=None):
         if not self._done:
+            # torch's Work.wait rule: its default timeout, kNoTimeout, is 0 ms and means "no
+            # limit" (the collective's own timeout still bounds the work); > 0 limits this wait.
             secs = None
             if timeout is not None and hasattr(timeout, "total_seconds") and timeout.total_seconds() > 0:
                 secs = timeout.total_seconds()
@@ -128,7 +130,8 @@ class HarpWork(dist.Work):
                 self._finish(backend_error(self._op, self._pg_desc, e))
                 ok = True
             if not ok:
-                raise dist.DistBackendError(f"harp {self._op} on {self._pg_desc}: not finished after {secs} s")
+                raise dist.DistBackendError(f"harp {self._op} on {self._pg_desc}: Timed out waiting "
+                                            f"{int(secs * 1000)}ms: not finished after {secs} s (the work goes on)")
             self._finish()
         if self._exc is not None:
             raise self._exc
