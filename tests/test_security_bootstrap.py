@@ -880,6 +880,7 @@ OUTLIVE_PROG = textwrap.dedent("""
     import harp
     def fds(): return len(os.listdir("/proc/self/fd"))
     def threads(): return len(os.listdir("/proc/self/task"))
+    harp.Communicator(0, 1, harp.get_unique_id("127.0.0.1:0")).destroy()  # starts the process-wide services
     f0, t0 = fds(), threads()
     u = harp.get_unique_id("127.0.0.1:0")
     peer = subprocess.Popen([sys.executable, "-c", sys.argv[1], u.hex()], stdin=subprocess.PIPE, text=True)
@@ -890,7 +891,7 @@ OUTLIVE_PROG = textwrap.dedent("""
     sub = c.split(0)  # a rendezvous through the store after the id is gone
     y = np.ones(4); sub.allreduce(y)
     print("AFTER", float(x[0]), float(y[0]), harp._harp.store_servers_running())
-    peer.stdin.write("bye\\n"); peer.stdin.flush()
+    peer.stdin.write("bye\\n"); peer.stdin.close()
     sub.destroy(); c.destroy()
     peer.wait(60)
     end = time.monotonic() + 30
