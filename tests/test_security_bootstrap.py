@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
+from harp._env import secret_key
 
 PY = sys.executable
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -715,7 +716,7 @@ def test_duplicate_rank_zero_on_an_address_launch_is_not_address_in_use():
     while spy is None:
         assert first.poll() is None
         try:
-            spy = StoreClient(("127.0.0.1", port), hashlib.sha256(secret.encode()).digest())
+            spy = StoreClient(("127.0.0.1", port), secret_key(secret))
             assert spy.hello()[0]
         except OSError:
             spy = None
