@@ -551,6 +551,9 @@ void TcpStoreServer::loop() {
     if (retire_) retire_seen_ = true;  // busy: retires once its clients have gone
   }
   for (auto& c : st.clients) ::close(c.fd);
+  // Stop listening for every holder of this socket (a fork()ed child keeps a
+  // copy): later connects are refused at once instead of queueing unanswered.
+  ::shutdown(listen_fd_, SHUT_RDWR);
   ::close(listen_fd_);
   listen_fd_ = -1;
   {
