@@ -279,6 +279,7 @@ PYBIND11_MODULE(_harp, m) {
   m.def("release_unique_id", [](const std::string& b) {
     return releaseStoreServer(UniqueId::fromBytes(b.data(), b.size()));
   });
+  m.def("drop_unique_id", [](const std::string& b) { return dropUniqueId(UniqueId::fromBytes(b.data(), b.size())); });
   m.def("store_servers_running", &storeServersRunning);
   m.add_object("run_arrays", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRunArraysDef, nullptr, m.ptr())));
   m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });

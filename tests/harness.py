@@ -40,6 +40,7 @@ def _child(fn, rank, size, uid_hex, env, q, args):
 def start_ranks(n, fn, *args, env=None, uid=None):
     uid = uid or harp.get_unique_id("127.0.0.1:0")  # local ranks: keep traffic on loopback
     q = _ctx.Queue()
+    q.uid = uid  # the id object owns its store: keep it until the ranks are collected (harp.UniqueId)
     procs = [_ctx.Process(target=_child, args=(fn, r, n, uid.hex(), env, q, args), daemon=True) for r in range(n)]
     for p in procs:
         p.start()

@@ -536,7 +536,7 @@ def _run_on_hosts(tmp_path, n, pmd, netem=None, data_mtu=1500, sizes=(0, 1, 7, 1
                                                                                       "recursive_doubling"))))
     with dpdk_env.dpdk_hosts(n, netem=netem, data_mtu=data_mtu) as hosts:
         base = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
-        env = dict(base, HARP_ADDR=f"{hosts[0].addr}:29511", HARP_SECRET="dpdk-netns", HARP_WORLD_SIZE=str(n),
+        env = dict(base, HARP_ADDR=f"{hosts[0].addr}:29511", HARP_SECRET=os.urandom(16).hex(), HARP_WORLD_SIZE=str(n),
                    HARP_TRANSPORT="dpdk", HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192",
                    PYTHONPATH=os.pathsep.join(sys.path), **(extra or {}))
         procs = [h.popen([sys.executable, str(prog)], env=dict(env, HARP_RANK=str(r),

@@ -79,7 +79,7 @@ def test_ranks_on_separate_hosts(tmp_path):
         # 5 ranks over 3 hosts; rank 0's host serves the bootstrap store at HARP_ADDR
         placement = [0, 0, 1, 2, 2]
         base = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
-        env = dict(base, HARP_ADDR=f"{hosts[0].addr}:29411", HARP_SECRET="netns-test",
+        env = dict(base, HARP_ADDR=f"{hosts[0].addr}:29411", HARP_SECRET=os.urandom(16).hex(),
                    HARP_WORLD_SIZE="5", PYTHONPATH=os.pathsep.join(sys.path))
         procs = []
         for rank, h in enumerate(placement):
@@ -118,11 +118,11 @@ def test_init_understands_launcher_environments(tmp_path, style):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
+    procs, secret = [], os.urandom(16).hex()
     for rank in range(3):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        env["HARP_SECRET"] = "launcher-test-" + str(port)  # an address launch needs a shared secret
+        env["HARP_SECRET"] = secret  # an address launch needs a shared secret
         if style == "torchrun":
             env.update(RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port - 1))

@@ -221,9 +221,10 @@ def test_unknown_variable_warned_once_per_process(tmp_path, transport):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
+    secret = os.urandom(16).hex()
     procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict({k: v for k, v in ENV.items() if not k.startswith("HARP_")},
-                                       HARP_ADDR=f"127.0.0.1:{port}", HARP_SECRET="s" * 32, HARP_RANK=str(r),
+                                       HARP_ADDR=f"127.0.0.1:{port}", HARP_SECRET=secret, HARP_RANK=str(r),
                                        HARP_WORLD_SIZE="3", HARP_TIMEOUT="60", HARP_TRANSPORT=transport,
                                        HARP_TRANSPRT="tcp", HARP_SEGMENT_BYTE="1M"))
              for r in range(3)]

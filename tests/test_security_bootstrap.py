@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harp
+from harp._env import secret_key
 
 PY = sys.executable
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -144,15 +145,23 @@ class StoreClient:
         self.s = socket.create_connection(addr, timeout=timeout)
 
     def hello(self, na=None, proof=None):
-        na = na or os.urandom(32)
-        self.s.sendall(b"HARPSTR2" + na)
-        r = _recv_exact(self.s, 64)
-        nb, mac = r[:32], r[32:]
-        assert hmac.compare_digest(mac, _proof(self.key, b"B", na, nb)), "server proof wrong"
-        mine = proof if proof is not None else _proof(self.key, b"A", nb, na)
-        self.s.sendall(mine)
-        ok = self.s.recv(1)
-        return ok == b"\x01", (na, mine)
+        """The client proves first: (accepted, (na, the client's proof))."""
+        self.na = na or os.urandom(32)
+        self.s.sendall(b"HARPSTR3" + self.na)
+        self.nb = _recv_exact(self.s, 32)
+        return self.answer(proof)
+
+    def answer(self, proof=None):
+        mine = proof if proof is not None else _proof(self.key, b"A", self.nb, self.na)
+        try:
+            self.s.sendall(mine)
+            verdict = self.s.recv(1)
+        except OSError:
+            return False, (self.na, mine)
+        if verdict == b"\x01":
+            mac = _recv_exact(self.s, 32)
+            assert hmac.compare_digest(mac, _proof(self.key, b"B", self.na, self.nb)), "server proof wrong"
+        return verdict == b"\x01", (self.na, mine)
 
     def frame(self, cmd, key, value):
         self.s.sendall(struct.pack("<BI", cmd, len(key)) + key + struct.pack("<I", len(value)) + value)
@@ -282,7 +291,7 @@ def test_fuzzed_frames_never_break_the_store(fuzz_server, frames, tail):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(hello=st.one_of(st.binary(max_size=200), st.binary(max_size=100).map(lambda b: b"HARPSTR2" + b)))
+@given(hello=st.one_of(st.binary(max_size=200), st.binary(max_size=100).map(lambda b: b"HARPSTR3" + b)))
 def test_fuzzed_hellos_are_refused(fuzz_server, hello):
     s = socket.create_connection(fuzz_server.addr, timeout=10)
     try:
@@ -297,8 +306,8 @@ def test_fuzzed_hellos_are_refused(fuzz_server, hello):
                 got += chunk
         except (socket.timeout, TimeoutError, OSError):
             pass
-        # At most the server's challenge (64 B); never the ack of an authenticated client.
-        assert len(got) in (0, 64), got
+        # At most the server's nonce (32 B) and a refusal; never the ack of an authenticated client.
+        assert len(got) in (0, 32) or (len(got) == 33 and got[32:] == b"\x00"), got
     finally:
         s.close()
     assert_serves(fuzz_server)
@@ -317,9 +326,9 @@ def _fake_root(secret, reply_get):
             c.settimeout(30)
             na = _recv_exact(c, 40)[8:]
             nb = os.urandom(32)
-            c.sendall(nb + _proof(key, b"B", na, nb))
-            _recv_exact(c, 32)
-            c.sendall(b"\x01")
+            c.sendall(nb)
+            _recv_exact(c, 32)  # accepted unchecked: what matters is the client's check of the proof below
+            c.sendall(b"\x01" + _proof(key, b"B", na, nb))
             while True:
                 cmd, klen = struct.unpack("<BI", _recv_exact(c, 5))
                 _recv_exact(c, klen)
@@ -382,9 +391,10 @@ def test_recorded_hello_cannot_be_replayed(server):
     c.close()
     # An eavesdropper replays the client's messages; the server's fresh nonce makes the old proof wrong.
     spy = StoreClient(server.addr, os.urandom(32))
-    spy.s.sendall(b"HARPSTR2" + na)
-    _recv_exact(spy.s, 64)
+    spy.s.sendall(b"HARPSTR3" + na)
+    _recv_exact(spy.s, 32)
     spy.s.sendall(proof)
+    assert spy.s.recv(1) == b"\x00"
     assert spy.closed_by_server()
     assert "refused bootstrap connection" in server.stderr()
     assert_serves(server)
@@ -393,7 +403,7 @@ def test_recorded_hello_cannot_be_replayed(server):
 def test_client_does_not_trust_a_root_without_the_secret():
     ls = _fake_root(os.urandom(32), b"\x00")  # a root that does not know the job's secret
     uid = harp.UniqueId(harp._harp.make_unique_id("127.0.0.1:%d" % ls.getsockname()[1], os.urandom(32)))
-    with pytest.raises(harp.PeerError, match="refused"):
+    with pytest.raises(harp.PeerError, match="did not prove knowledge of this job's secret"):
         harp.Communicator(0, 1, uid, timeout=20)
     ls.close()
 
@@ -431,9 +441,209 @@ def test_idle_connection_flood_neither_blocks_a_job_nor_spins_the_root():
         srv.close()
 
 
+# ----------------------------------------------------------------------------- connection flood during init
+
+FLOOD_PROG = textwrap.dedent("""
+    import os, resource, socket, sys
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    host, port, keep, source = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    # Silent connections and partial hellos (the magic, or the magic and half a nonce), opened as
+    # fast as this process can, the oldest closed to stay under `keep` descriptors.
+    kinds = [b"", b"HARPSTR", b"HARPSTR3" + os.urandom(16)]
+    open_, n = [], 0
+    while True:
+        s = socket.socket()
+        s.bind((source, 0))
+        s.setblocking(False)
+        try:
+            s.connect((host, port))
+        except BlockingIOError:
+            pass
+        open_.append((s, kinds[n % len(kinds)]))
+        n += 1
+        if len(open_) > 4 and open_[-4][1]:
+            try:
+                open_[-4][0].send(open_[-4][1])
+            except OSError:
+                pass
+        if len(open_) > keep:
+            open_.pop(0)[0].close()
+        if n == keep:
+            print("FLOODING", flush=True)
+""")
+
+
+class Flood:
+    """`n` flooder processes against `addr`, from the loopback address `source`."""
+
+    def __init__(self, addr, n=2, keep=1500, source="127.0.0.1"):
+        self.procs = [subprocess.Popen([PY, "-c", FLOOD_PROG, addr[0], str(addr[1]), str(keep), source], env=ENV,
+                                       stdout=subprocess.PIPE, text=True) for _ in range(n)]
+        for p in self.procs:
+            assert p.stdout.readline().strip() == "FLOODING"
+
+    def running(self):
+        return all(p.poll() is None for p in self.procs)
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+class Proxy:
+    """A TCP relay in front of the store, standing in for ranks far away or shed under load: it
+    holds each client's second message (its answer to the challenge) back `delay` seconds, and
+    closes the first `drop` connections after reading their first message."""
+
+    def __init__(self, target, delay=0.0, drop=0):
+        self.target, self.delay, self.drop = target, delay, drop
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(64)
+        self.port = self.ls.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def uid(self, secret):
+        return harp._harp.make_unique_id(f"127.0.0.1:{self.port}", secret).hex()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._relay, args=(c, self.accepted <= self.drop), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b, hold=0.0, first=0):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                if first > 0:
+                    time.sleep(hold)
+                    first -= len(d)
+                b.sendall(d)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _relay(self, c, drop):
+        try:
+            hello = _recv_exact(c, 40)
+        except (OSError, ConnectionError):
+            return c.close()
+        if drop:
+            return c.close()
+        u = socket.create_connection(self.target)
+        u.sendall(hello)
+        threading.Thread(target=self._pump, args=(u, c), daemon=True).start()
+        self._pump(c, u, self.delay, 1)
+
+    def close(self):
+        self.ls.close()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.5])
+def test_connection_flood_does_not_lock_ranks_out_of_the_store(server, delay):
+    """An outsider opens silent connections and partial hellos as fast as it can, on the ranks'
+    own loopback address: every rank still gets in and the communicator forms within seconds,
+    also ranks that take `delay` seconds to answer the store's challenge (as if far away)."""
+    proxy = Proxy(server.addr, delay=delay)
+    flood = Flood(server.addr)
+    try:
+        res = run_job([{"rank": r, "size": 4, "uid": proxy.uid(server.secret)} for r in range(4)],
+                      {"HARP_TRANSPORT": "tcp", "HARP_TIMEOUT": "60"}, timeout=120)
+        assert flood.running(), "a flooder stopped early"
+    finally:
+        flood.stop()
+        proxy.close()
+    assert all(r["ok"] and r["sum"] == 10.0 for r in res), res
+    assert max(r["secs"] for r in res) < 20, [r["secs"] for r in res]
+    assert server.alive()
+
+
+def test_store_client_redials_a_hello_dropped_before_the_challenge(server):
+    """A store under load may shed a connection before it answers the hello: the client dials
+    again instead of reporting a wrong id or secret."""
+    proxy = Proxy(server.addr, drop=3)
+    try:
+        res = run_job([{"rank": r, "size": 2, "uid": proxy.uid(server.secret)} for r in range(2)],
+                      {"HARP_TIMEOUT": "30"}, timeout=60)
+    finally:
+        proxy.close()
+    assert all(r["ok"] and r["sum"] == 3.0 for r in res), res
+    assert proxy.accepted >= 5
+
+
+def _challenged(c):
+    """Send the first hello message on StoreClient c and read the store's answer to it."""
+    c.na = os.urandom(32)
+    c.s.sendall(b"HARPSTR3" + c.na)
+    c.nb = _recv_exact(c.s, 32)
+
+
+def _answer(c):
+    """Finish c's hello: True when the store accepted it, False when it hung up."""
+    return c.answer()[0]
+
+
+def _open(addr, n, source, data=b""):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.connect(addr)
+        if data:
+            s.sendall(data)
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.parametrize("flood_source,flood_data", [("127.0.0.1", b""), ("127.0.0.1", b"HARPSTR"),
+                                                     ("127.0.0.2", b"first")])
+def test_pending_hello_survives_a_burst_of_connections(server, flood_source, flood_data):
+    """A client in the middle of its hello is not dropped for newer connections that are silent or
+    partial (from any address), nor for hellos from another address ("first": complete first
+    messages, waiting for their challenge answer like the client itself)."""
+    honest = StoreClient(server.addr, server.secret)
+    _challenged(honest)
+    if flood_data == b"first":
+        flood = []
+        for _ in range(300):  # more than the store holds pending: it sheds some of these
+            f = StoreClient(server.addr, os.urandom(32))
+            f.s.close()
+            f.s = _open(server.addr, 1, flood_source)[0]
+            flood.append(f.s)
+            try:
+                _challenged(f)
+            except ConnectionError:
+                pass
+    else:
+        flood = _open(server.addr, 300, flood_source, flood_data)
+        sync = StoreClient(server.addr, server.secret)  # answered: the store has accepted the 300 before it
+        _challenged(sync)
+        flood.append(sync.s)
+    try:
+        assert _answer(honest), "the store dropped a client in the middle of its hello"
+    finally:
+        for s in flood:
+            s.close()
+    assert_serves(server)
+
+
 def test_unauthenticated_connection_is_dropped_after_the_hello_deadline(server):
     s = socket.create_connection(server.addr, timeout=60)
-    s.sendall(b"HARPSTR2")  # a partial hello, then silence
+    s.sendall(b"HARPSTR3")  # a partial hello, then silence
     assert s.recv(1) == b""  # the root hangs up (after ~5 s), it does not wait forever
     s.close()
     assert_serves(server)
@@ -506,7 +716,7 @@ def test_duplicate_rank_zero_on_an_address_launch_is_not_address_in_use():
     while spy is None:
         assert first.poll() is None
         try:
-            spy = StoreClient(("127.0.0.1", port), hashlib.sha256(secret.encode()).digest())
+            spy = StoreClient(("127.0.0.1", port), secret_key(secret))
             assert spy.hello()[0]
         except OSError:
             spy = None
@@ -628,3 +838,133 @@ def test_unique_ids_and_communicators_do_not_leak(server):
     assert lines.get("FORMED") == [0, 0, 0], out
     assert lines.get("UNUSED") == [10, 0, 0, 0], out
     assert lines.get("DESTROY") == [0], out
+
+
+DROP_PROG = textwrap.dedent("""
+    import gc, os, sys, time
+    import harp
+    def fds(): return len(os.listdir("/proc/self/fd"))
+    def threads(): return len(os.listdir("/proc/self/task"))
+    f0, t0 = fds(), threads()
+    ids = [harp.get_unique_id("127.0.0.1:0") for _ in range(200)]
+    print("HELD", fds() - f0, threads() - t0, harp._harp.store_servers_running())
+    del ids
+    gc.collect()
+    print("DROPPED", fds() - f0, threads() - t0, harp._harp.store_servers_running())
+    u = harp.get_unique_id("127.0.0.1:0")
+    h = u.hex()
+    del u
+    gc.collect()
+    t = time.monotonic()
+    try:
+        harp.Communicator(0, 1, harp.UniqueId.from_hex(h), timeout=60)
+        print("REUSED ok")
+    except harp.InvalidArgumentError as e:
+        print("REUSED", int(time.monotonic() - t < 10), "retired" in str(e))
+""")
+
+
+def test_dropped_unique_ids_release_their_store():
+    """Each unique id's store (a thread, a listening port, an eventfd) goes when the id object is
+    dropped unused: after 200 ids, fds and threads are back to where they were, and the dropped
+    id's address refuses (within seconds, naming the retired store)."""
+    out = subprocess.run([PY, "-c", DROP_PROG], env=ENV, capture_output=True, text=True, timeout=120)
+    lines = {l.split()[0]: l.split()[1:] for l in out.stdout.splitlines() if l[:1].isupper()}
+    assert lines.get("HELD") == ["400", "200", "200"], out  # what the ids hold while alive
+    assert lines.get("DROPPED") == ["0", "0", "0"], out
+    assert lines.get("REUSED") == ["1", "True"], out
+
+
+OUTLIVE_PROG = textwrap.dedent("""
+    import gc, os, subprocess, sys, time
+    import numpy as np
+    import harp
+    def fds(): return len(os.listdir("/proc/self/fd"))
+    def threads(): return len(os.listdir("/proc/self/task"))
+    harp.Communicator(0, 1, harp.get_unique_id("127.0.0.1:0")).destroy()  # starts the process-wide services
+    f0, t0 = fds(), threads()
+    u = harp.get_unique_id("127.0.0.1:0")
+    peer = subprocess.Popen([sys.executable, "-c", sys.argv[1], u.hex()], stdin=subprocess.PIPE, text=True)
+    c = harp.Communicator(0, 2, u, timeout=60)
+    del u
+    gc.collect()
+    x = np.ones(4); c.allreduce(x)
+    sub = c.split(0)  # a rendezvous through the store after the id is gone
+    y = np.ones(4); sub.allreduce(y)
+    print("AFTER", float(x[0]), float(y[0]), harp._harp.store_servers_running())
+    peer.stdin.write("bye\\n"); peer.stdin.close()
+    sub.destroy(); c.destroy()
+    peer.wait(60)
+    end = time.monotonic() + 30
+    while harp._harp.store_servers_running() and time.monotonic() < end:
+        time.sleep(0.05)
+    print("DESTROYED", harp._harp.store_servers_running(), fds() - f0, threads() - t0)
+""")
+
+OUTLIVE_PEER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import harp
+    c = harp.Communicator(1, 2, harp.UniqueId.from_hex(sys.argv[1]), timeout=60)
+    x = np.ones(4); c.allreduce(x)
+    sub = c.split(0)
+    y = np.ones(4); sub.allreduce(y)
+    sys.stdin.readline()
+    sub.destroy(); c.destroy()
+""")
+
+
+def test_communicator_keeps_the_store_of_its_dropped_unique_id():
+    """The rule: a communicator keeps its root's store alive for as long as any rank holds a
+    connection (split, shrink, grow and agree rendezvous through it), whether or not the id object
+    lives; the store goes once the last rank destroys its communicator."""
+    out = subprocess.run([PY, "-c", OUTLIVE_PROG, OUTLIVE_PEER], env=ENV, capture_output=True, text=True,
+                         timeout=180)
+    lines = {l.split()[0]: l.split()[1:] for l in out.stdout.splitlines() if l[:1].isupper()}
+    assert lines.get("AFTER") == ["2.0", "2.0", "1"], out
+    assert lines.get("DESTROYED") == ["0", "0", "0"], out
+
+
+# ----------------------------------------------------------------------------- the secret is never guessable offline
+
+
+def test_connector_without_the_secret_receives_nothing_derived_from_it(server):
+    """The store answers a client's first message with its nonce only, and proves the secret only to
+    a client that proved it first: an outsider's transcript holds nothing to test guesses against."""
+    s = socket.create_connection(server.addr, timeout=10)
+    na = os.urandom(32)
+    s.sendall(b"HARPSTR3" + na)
+    got = b""
+    s.settimeout(1)
+    try:
+        while len(got) < 200:
+            chunk = s.recv(200)
+            if not chunk:
+                break
+            got += chunk
+    except (socket.timeout, TimeoutError):
+        pass
+    key = hmac.new(server.secret, b"HARP-KEY1|store", hashlib.sha256).digest()
+    assert len(got) == 32, got  # the store's nonce, nothing else
+    s.sendall(os.urandom(32))  # a wrong proof
+    s.settimeout(10)
+    rest = b""
+    while True:
+        chunk = s.recv(200)
+        if not chunk:
+            break
+        rest += chunk
+    assert rest == b"\x00", rest  # refused, and nothing else
+    for blob in (got, rest):
+        assert _proof(key, b"B", na, got[:32]) not in blob
+    s.close()
+    assert "did not prove knowledge of this job's secret" in server.stderr()
+    assert_serves(server)
+
+
+@pytest.mark.parametrize("secret", ["x", "test-secret", "a" * 15])
+def test_short_harp_secret_is_refused(secret):
+    env = {"HARP_ADDR": "127.0.0.1:29995", "HARP_RANK": "0", "HARP_WORLD_SIZE": "1", "HARP_SECRET": secret}
+    with pytest.raises(harp.InvalidArgumentError, match="HARP_SECRET") as e:
+        harp.init(env=env)
+    assert "16 bytes" in str(e.value) and "secrets.token_hex" in str(e.value), e.value

@@ -332,11 +332,11 @@ def test_mixed_shm_and_tcp_across_two_network_namespaces(two_netns):
     a, b = two_netns
     n = 4
     code = _MIXED.format(python=HARP_PATH)
-    procs = []
+    procs, secret = [], os.urandom(16).hex()
     for r in range(n):
         ns = a if r < 2 else b
         env = dict(os.environ, HARP_ADDR="10.213.7.1:29555", HARP_RANK=str(r), HARP_WORLD_SIZE=str(n),
-                   HARP_SECRET="mixed-test-secret", HARP_TRANSPORT="auto")
+                   HARP_SECRET=secret, HARP_TRANSPORT="auto")
         env.pop("HARP_UNIQUE_ID", None)
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -1,7 +1,7 @@
 """Per-call cost of one allreduce on ONE rank (no communication): harp Python API, the raw
 pybind submit, and mpi4py. Run: PYTHONPATH=python chrt -f 5 python3 bench/shm_tools/python_call_overhead.py"""
 import os, time, numpy as np
-os.environ.update(HARP_RANK='0', HARP_WORLD_SIZE='1', HARP_ADDR='127.0.0.1:29433', HARP_SECRET='x')
+os.environ.update(HARP_RANK='0', HARP_WORLD_SIZE='1', HARP_ADDR='127.0.0.1:29433', HARP_SECRET=os.urandom(16).hex())
 import harp
 from mpi4py import MPI
 c = harp.init(); x = np.zeros(2, np.float32)

@@ -197,6 +197,15 @@ void ensureStoreServer(const SockAddr& addr, const std::string& secret) {
   servers()[key] = ServerEntry{std::make_unique<TcpStoreServer>(addr, secret), getpid()};
 }
 
+bool dropUniqueId(const UniqueId& id) {
+  std::lock_guard<std::mutex> g(g_servers_mu);
+  reapLocked(false, "");
+  auto it = servers().find(serverKey(id.address(), id.secret()));
+  if (it == servers().end() || it->second.pid != getpid()) return false;
+  if (it->second.server->retireWhenIdle()) servers().erase(it);  // idle: gone now (joined)
+  return true;
+}
+
 bool releaseStoreServer(const UniqueId& id) {
   std::lock_guard<std::mutex> g(g_servers_mu);
   std::string key = serverKey(id.address(), id.secret());

@@ -47,10 +47,25 @@ UniqueId createUniqueId(const std::string& bind = "");
 // 0 when ranks agree on an address instead of exchanging a unique id.
 void ensureStoreServer(const SockAddr& addr, const std::string& secret);
 
-// Servers stop by themselves once the communicator they served formed and
-// every rank disconnected (see TcpStoreServer). releaseStoreServer stops the
-// one behind `id` now (an id that will not be used); false if this process
-// runs none for it. storeServersRunning counts this process's live servers.
+// Lifetime of the store behind a unique id made here (TcpStoreServer has the
+// details): it serves while anything may still rendezvous through it, and
+// then releases its thread, port and descriptors:
+//   * it stops by itself once the communicator it served formed and every
+//     rank disconnected (destroyed its communicator, or exited); while any
+//     rank stays connected it keeps serving, so split/shrink/grow/agree work
+//     for the communicator's whole life, whatever became of the id;
+//   * dropUniqueId(id): the id's owner let go of it (the Python UniqueId
+//     object was collected): the store stops now if no rank is connected,
+//     else once the last one disconnects. Ranks that try the id afterwards
+//     are refused within seconds ("retired"). So keep the id until every
+//     rank has joined (harp.Communicator / init returned); NCCL's ids work
+//     alike (ncclGetUniqueId's root lives until the ranks have joined);
+//   * releaseStoreServer(id) stops it now, clients or not (an id that will
+//     not be used); false if this process runs none for it.
+// Ids made with ncclGetUniqueId / createUniqueId and never used or dropped
+// keep their store until the process exits. storeServersRunning counts this
+// process's live servers.
+bool dropUniqueId(const UniqueId& id);
 bool releaseStoreServer(const UniqueId& id);
 int storeServersRunning();
 

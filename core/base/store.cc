@@ -1,15 +1,28 @@
 // TcpStore wire protocol (all integers little-endian; limits in store.h).
 //
-// Hello: the mutual challenge-response of core/base/crypto.h, key K =
-// crypto::deriveKey(job secret, "store"), context "harp-store":
-//   client -> server  "HARPSTR2" | na (32 B random)
-//   server -> client  nb (32 B random) | proof(K, 'B', na, nb, ctx)   (32 B)
+// Hello: a mutual challenge-response keyed by K = crypto::deriveKey(job
+// secret, "store"), context "harp-store", in which the CLIENT PROVES FIRST:
+//   client -> server  "HARPSTR3" | na (32 B random)
+//   server -> client  nb (32 B random)
 //   client -> server  proof(K, 'A', nb, na, ctx)                      (32 B)
-//   server -> client  u8 1
-// A client whose magic or proof is wrong is logged and disconnected before it
-// can send a request; a server whose proof is wrong is not trusted by the
-// client. The secret never travels; a recorded hello cannot be replayed.
-// The whole hello must finish within kHelloDeadlineS of the connect.
+//   server -> client  u8 1 | proof(K, 'B', na, nb, ctx)  (32 B)   proof verified
+//                   | u8 0, then the server hangs up              proof wrong
+// So a connector that does not know the secret receives a random nonce and a
+// refusal, nothing that depends on the secret: it cannot test guesses of a
+// weak secret offline, only one guess per connection, each logged on the root.
+// The client checks the server's proof before sending any request (a root
+// that cannot prove the secret is not trusted). The secret never travels; a
+// recorded hello cannot be replayed (each side's proof covers the other's
+// fresh nonce). The whole hello must finish within kHelloDeadlineS of the
+// connect. A connection the server closes before its verdict (u8 0 / 1) was
+// shed under load, not refused: the client dials again until its deadline.
+//
+// Pending hellos (connections not yet authenticated) are bounded
+// (kMaxPendingHellos). When a new connection needs room, the server drops one
+// of the source address (IPv4 address, IPv6 /64) that holds the most pending
+// hellos, so a flooder only pushes out its own connections; within that
+// source, silent or partial first messages go before clients waiting for
+// their proof to be checked, oldest first.
 //
 // Request:  u8 cmd | u32 klen | key | u32 vlen | value
 //   (klen <= kMaxKeyBytes, vlen <= kMaxValueBytes; else the client is dropped)
@@ -117,6 +130,21 @@ constexpr size_t kMaxRequestBytes = 9 + kMaxKeyBytes + kMaxValueBytes;
 constexpr size_t kMaxOutBytes = 2 * kMaxValueBytes + (1u << 20);
 
 std::string u8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
+
+// The unit a flooder cannot multiply cheaply: an IPv4 address, an IPv6 /64
+// (an IPv4-mapped IPv6 address counts as its IPv4 address).
+std::string sourceOf(const SockAddr& a) {
+  if (a.family() == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a.ss);
+    return std::string(reinterpret_cast<const char*>(&in->sin_addr), 4);
+  }
+  if (a.family() == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a.ss);
+    const char* b = reinterpret_cast<const char*>(&in6->sin6_addr);
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) ? std::string(b + 12, 4) : std::string(b, 8);
+  }
+  return std::string();
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -127,6 +155,7 @@ struct TcpStoreServer::State {
   struct Client {
     int fd = -1;
     SockAddr addr;
+    std::string source;  // sourceOf(addr): what the pending-hello share is counted by
     Stage stage = kNonce;
     Clock::time_point hello_by;
     std::string na, nb, in, out;
@@ -209,6 +238,35 @@ struct TcpStoreServer::State {
     return stored - old + key.size() + val.size() <= kMaxStoreBytes;
   }
 
+  size_t pending() const {
+    size_t n = 0;
+    for (auto& o : clients) n += o.stage != kAuthed && !o.dead;
+    return n;
+  }
+  // Drops n pending hellos: each time one of the source holding the most,
+  // silent or partial ones (kNonce) before those awaiting their proof's
+  // check, the oldest first (see the file comment). Returns how many.
+  size_t evict(size_t n, const char* why) {
+    std::map<std::string, size_t> per_source;
+    for (auto& o : clients)
+      if (o.stage != kAuthed && !o.dead) ++per_source[o.source];
+    size_t done = 0;
+    for (; done < n; ++done) {
+      Client* victim = nullptr;
+      for (auto& o : clients) {  // oldest first: a later one must beat it strictly
+        if (o.stage == kAuthed || o.dead) continue;
+        if (!victim || per_source[o.source] > per_source[victim->source] ||
+            (per_source[o.source] == per_source[victim->source] && o.stage == kNonce && victim->stage != kNonce))
+          victim = &o;
+      }
+      if (!victim) break;
+      --per_source[victim->source];
+      ++s.dropped_;
+      drop(*victim, why, false);
+    }
+    return done;
+  }
+
   void accept();
   void readFrom(Client& c);
   bool hello(Client& c);
@@ -235,12 +293,26 @@ TcpStoreServer::TcpStoreServer(SockAddr bind_addr, std::string secret) : addr_(b
   });
 }
 
-TcpStoreServer::~TcpStoreServer() {
+void TcpStoreServer::wake() {
+  std::lock_guard<std::mutex> g(wake_mu_);
+  if (wake_fd_ < 0) return;  // the thread has ended
   uint64_t one = 1;
   ssize_t w = ::write(wake_fd_, &one, 8);
   (void)w;
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stop_ = true;
+  wake();
   if (thread_.joinable()) thread_.join();
-  ::close(wake_fd_);
+}
+
+bool TcpStoreServer::retireWhenIdle(double wait_s) {
+  retire_ = true;
+  wake();
+  Deadline dl = Deadline::after(wait_s);
+  while (!finished_ && !retire_seen_ && !dl.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return finished_;
 }
 
 void TcpStoreServer::State::accept() {
@@ -257,14 +329,7 @@ void TcpStoreServer::State::accept() {
           HARP_WARN("bootstrap store: accept failed (%s); dropping the oldest unauthenticated connections "
                     "(logged once)", std::strerror(errno));
         emfile_logged = true;
-        size_t pending = 0, dropped = 0;
-        for (auto& o : clients) pending += o.stage != kAuthed && !o.dead;
-        for (auto& o : clients)
-          if (o.stage != kAuthed && !o.dead && dropped < (pending + 1) / 2) {
-            ++s.dropped_;
-            ++dropped;
-            drop(o, "out of file descriptors; dropped an old unauthenticated connection", false);
-          }
+        size_t dropped = evict((pending() + 1) / 2, "out of file descriptors; dropped a pending hello");
         if (dropped) reap();  // closes them now
         else listen_paused_until = Clock::now() + std::chrono::milliseconds(200);
         if (dropped) continue;
@@ -273,43 +338,41 @@ void TcpStoreServer::State::accept() {
     }
     setNoDelay(c.fd);
     c.hello_by = Clock::now() + std::chrono::milliseconds(static_cast<int>(kHelloDeadlineS * 1000));
-    size_t pending = 0;
-    for (auto& o : clients) pending += o.stage != kAuthed && !o.dead;
-    if (pending >= kMaxPendingHellos) {
-      for (auto& o : clients)
-        if (o.stage != kAuthed && !o.dead) {
-          ++s.dropped_;
-          drop(o, "too many unauthenticated connections; dropped the oldest", false);
-          break;
-        }
-    }
+    c.source = sourceOf(c.addr);
     clients.push_back(std::move(c));
+    readFrom(clients.back());  // a hello already here counts as one, not as a silent connection
+    if (pending() > kMaxPendingHellos) evict(1, "too many pending hellos; dropped one of the address holding most");
   }
 }
 
-// Drives the hello; returns true once the client is authenticated.
+// Drives the hello (the client proves first, see the file comment); returns
+// true once the client is authenticated.
 bool TcpStoreServer::State::hello(Client& c) {
   if (c.stage == kNonce) {
-    if (c.in.size() < 8 + crypto::kNonceBytes) return false;
-    if (std::memcmp(c.in.data(), kHello, 8) != 0) {
-      refuse(c, "not a HARP store hello");
+    size_t have = std::min(c.in.size(), sizeof kHello);
+    if (std::memcmp(c.in.data(), kHello, have) != 0) {
+      refuse(c, "not a HARP store hello (or one of another HARP version)");
       return false;
     }
+    if (c.in.size() < 8 + crypto::kNonceBytes) return false;
     c.na = c.in.substr(8, crypto::kNonceBytes);
     c.nb = crypto::nonce();
     c.in.clear();
     c.stage = kProof;
-    send(c, c.nb + crypto::proof(s.key_, 'B', c.na, c.nb, kContext));
+    send(c, c.nb);  // nothing that depends on the secret before the client's proof
     return false;
   }
   if (c.in.size() < crypto::kDigestBytes) return false;
   if (!crypto::equal(c.in.substr(0, crypto::kDigestBytes), crypto::proof(s.key_, 'A', c.nb, c.na, kContext))) {
+    // The verdict, so that the client reports a refusal instead of dialing again.
+    ssize_t w = ::send(c.fd, "\0", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
     refuse(c, "it did not prove knowledge of this job's secret (wrong unique id / HARP_SECRET?)");
     return false;
   }
   c.in.clear();
   c.stage = kAuthed;
-  send(c, u8(1));
+  send(c, u8(1) + crypto::proof(s.key_, 'B', c.na, c.nb, kContext));
   return true;
 }
 
@@ -325,8 +388,7 @@ void TcpStoreServer::State::readFrom(Client& c) {
   char buf[1 << 16];
   ssize_t r = ::recv(c.fd, buf, room, MSG_DONTWAIT);
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-    if (c.stage == kProof) return refuse(c, "it hung up after the challenge (it could not verify this root: wrong secret?)");
-    c.dead = true;
+    c.dead = true;  // before its proof: a scan, a flood, or a client that gave up
     return;
   }
   if (r < 0) return;
@@ -471,7 +533,12 @@ void TcpStoreServer::loop() {
     }
     int pr = ::poll(pfds.data(), pfds.size(), st.pollTimeoutMs());
     if (pr < 0 && errno != EINTR) break;
-    if (pr > 0 && pfds[0].revents) break;
+    if (stop_) break;
+    if (pr > 0 && pfds[0].revents) {
+      uint64_t n;
+      ssize_t r = ::read(wake_fd_, &n, 8);  // a retireWhenIdle() request: checked below
+      (void)r;
+    }
     if (pr > 0) {
       for (size_t i = 0; i < order.size(); ++i) {
         short ev = pfds[i + 2].revents;
@@ -484,11 +551,20 @@ void TcpStoreServer::loop() {
     st.reap();
     bool authed = false;
     for (auto& c : st.clients) authed |= c.stage == State::kAuthed;
-    if (st.formed && !authed) break;  // served its communicator; nobody left
+    if ((st.formed || retire_) && !authed) break;  // served its communicator, or let go; nobody left
+    if (retire_) retire_seen_ = true;  // busy: retires once its clients have gone
   }
   for (auto& c : st.clients) ::close(c.fd);
+  // Stop listening for every holder of this socket (a fork()ed child keeps a
+  // copy): later connects are refused at once instead of queueing unanswered.
+  ::shutdown(listen_fd_, SHUT_RDWR);
   ::close(listen_fd_);
   listen_fd_ = -1;
+  {
+    std::lock_guard<std::mutex> g(wake_mu_);
+    ::close(wake_fd_);
+    wake_fd_ = -1;
+  }
   HARP_INFO("bootstrap store on %s closed", addr_.str().c_str());
   finished_ = true;
 }
@@ -501,34 +577,50 @@ TcpStore::TcpStore(const SockAddr& server, std::string secret, double timeout_s,
   std::string key = crypto::deriveKey(secret, "store");
   Deadline dl = Deadline::after(timeout_s);
   std::string what = "the HARP bootstrap root at " + server.str();
-  fd_ = connectTo(server, dl, "the HARP bootstrap root", refused_s);
-  setNoDelay(fd_);
-  local_ = localAddrOf(fd_);
-  std::string na = crypto::nonce();
-  std::string reply(crypto::kNonceBytes + crypto::kDigestBytes, '\0');
-  char ok = 0;
-  bool got = false;
+  for (int attempt = 1;; ++attempt) {
+    fd_ = connectTo(server, dl, "the HARP bootstrap root", refused_s);
+    setNoDelay(fd_);
+    local_ = localAddrOf(fd_);
+    std::string why = hello(key, dl, what);
+    if (why.empty()) return;
+    closeFd();
+    if (dl.passed())
+      throw Error(Error::kTimeout, what + " closed the connection during the hello " + std::to_string(attempt) +
+                                       " times in " + formatSeconds(timeout_s) + " s (last: " + why +
+                                       "): it is flooded or overloaded, or it is not a HARP root of this version");
+    if (attempt == 10 || attempt % 100 == 0)
+      HARP_WARN("%s keeps closing the connection during the hello (%s; %d tries); dialing again", what.c_str(),
+                why.c_str(), attempt);
+    int ms = std::min({200, 5 * attempt, dl.remainingMs()});
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+}
+
+std::string TcpStore::hello(const std::string& key, Deadline dl, const std::string& what) {
+  std::string na = crypto::nonce(), nb(crypto::kNonceBytes, '\0');
   try {
     sendAll(fd_, (std::string(kHello, 8) + na).data(), 8 + na.size(), dl, what);
-    got = recvAll(fd_, reply.data(), reply.size(), dl, what);
-    if (got) {
-      std::string nb = reply.substr(0, crypto::kNonceBytes);
-      if (!crypto::equal(reply.substr(crypto::kNonceBytes), crypto::proof(key, 'B', na, nb, kContext))) {
-        close();
-        throw Error(Error::kPeerFailure, "refused " + what + ": it did not prove knowledge of this job's secret "
-                                         "(wrong unique id / secret, a different job's root, or not a HARP root)");
-      }
-      std::string mine = crypto::proof(key, 'A', nb, na, kContext);
-      sendAll(fd_, mine.data(), mine.size(), dl, what);
-      got = recvAll(fd_, &ok, 1, dl, what);
+    if (!recvAll(fd_, nb.data(), nb.size(), dl, what)) return "closed before its challenge";
+    std::string mine = crypto::proof(key, 'A', nb, na, kContext);
+    sendAll(fd_, mine.data(), mine.size(), dl, what);
+    char verdict = 0;
+    if (!recvAll(fd_, &verdict, 1, dl, what)) return "closed before its verdict";
+    if (verdict != 1) {
+      closeFd();
+      throw Error(Error::kPeerFailure, what + " refused this process: it did not accept this process's proof of the "
+                                              "job secret (wrong unique id / HARP_SECRET, or a different job's root)");
     }
+    std::string theirs(crypto::kDigestBytes, '\0');
+    if (!recvAll(fd_, theirs.data(), theirs.size(), dl, what)) return "closed before it proved the secret";
+    if (!crypto::equal(theirs, crypto::proof(key, 'B', na, nb, kContext))) {
+      closeFd();
+      throw Error(Error::kPeerFailure, "refused " + what + ": it did not prove knowledge of this job's secret "
+                                       "(wrong unique id / secret, a different job's root, or not a HARP root)");
+    }
+    return "";
   } catch (const Error& e) {
-    if (fd_ < 0) throw;
-    got = false;
-  }
-  if (!got || ok != 1) {
-    close();
-    throw Error(Error::kPeerFailure, what + " refused this process (wrong unique id / secret, or not a HARP root)");
+    if (fd_ < 0 || e.kind() != Error::kPeerFailure) throw;  // a verdict, or the deadline
+    return e.what();  // reset or cut mid-message: shed
   }
 }
 

@@ -4,8 +4,9 @@
 // each other: each rank publishes its transport addresses under a key and reads
 // everyone else's. HARP ships TcpStore (a server thread on the root, clients on
 // every rank, mutually authenticated by a challenge-response keyed by the job
-// secret, see store.cc); the torch backend adapts torch's own c10d Store to
-// this interface instead.
+// secret in which the client proves first, so an outsider learns nothing it
+// could test guesses of the secret against; see store.cc); the torch backend
+// adapts torch's own c10d Store to this interface instead.
 //
 // Limits (TcpStore; a client that exceeds one is disconnected and logged):
 //   keys  <= kMaxKeyBytes (4 KiB), values <= kMaxValueBytes (64 MiB),
@@ -13,7 +14,11 @@
 //   unparsed input buffered for one client <= one maximal request,
 //   unparsed input buffered for all clients <= kMaxStoreBytes,
 //   unauthenticated connections: kHelloDeadlineS (5 s) to finish the hello,
-//   at most kMaxPendingHellos at once (the oldest is dropped first).
+//   at most kMaxPendingHellos at once; for a new one, the source address
+//   holding the most loses one, silent or partial hellos before complete
+//   ones, the oldest first (store.cc). A client whose connection is shed
+//   before the server's verdict dials again (until its timeout), so a flood
+//   delays honest ranks instead of failing them.
 //
 // The optional methods (waitAny, check, setOnClose, setIfAbsent) let the
 // rendezvous report problems within seconds (core/base/rendezvous.h); a Store that
@@ -113,11 +118,16 @@ constexpr size_t kSecretBytes = 32;
 // The server side, run by whoever created the unique id (or rank 0).
 // Connections that fail the challenge-response are refused and logged.
 //
-// Lifetime: the server thread ends by itself (closing its port) once a
-// communicator it served has formed (a client sent FORMED) and every client
-// has disconnected — nothing can use it any more: a unique id serves one
-// communicator (core/base/rendezvous.h), and split() runs over connected clients.
-// The object itself is freed by the destructor (or reaped by bootstrap.cc).
+// Lifetime: the server thread ends by itself, closing its port and every
+// descriptor, once nothing can use it any more:
+//   * a communicator it served has formed (a client sent FORMED) and every
+//     client has disconnected — a unique id serves one communicator
+//     (core/base/rendezvous.h), and split/shrink/grow/agree run over the
+//     clients still connected; or
+//   * retireWhenIdle() was called (its unique id was dropped) and no
+//     authenticated client is connected (at once when none is).
+// The object itself is freed by the destructor (which stops the thread now)
+// or reaped by bootstrap.cc.
 class TcpStoreServer {
  public:
   TcpStoreServer(SockAddr bind_addr, std::string secret);
@@ -126,23 +136,32 @@ class TcpStoreServer {
   int refusedConnections() const { return refused_; }
   int droppedConnections() const { return dropped_; }
   bool finished() const { return finished_; }  // the thread has exited and released its fds
+  // Retire once no authenticated client is connected. Waits up to wait_s for
+  // the thread to act on it; true if it has already finished (it was idle).
+  bool retireWhenIdle(double wait_s = 2.0);
 
  private:
   struct State;
   void loop();
+  void wake();
   SockAddr addr_;
   std::string key_;  // crypto::deriveKey(secret, "store")
   int listen_fd_ = -1;
+  std::mutex wake_mu_;  // guards wake_fd_, which the thread closes when it ends
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<int> refused_{0};
   std::atomic<int> dropped_{0};
   std::atomic<bool> finished_{false};
+  std::atomic<bool> stop_{false}, retire_{false}, retire_seen_{false};
 };
 
 class TcpStore : public Store {
  public:
-  // Connects (retrying until timeout_s) and runs the challenge-response with `secret`.
+  // Connects and runs the challenge-response with `secret`, dialing again
+  // (until timeout_s) when the server sheds the connection before its
+  // verdict. Throws kPeerFailure when the server refuses this client's proof
+  // (wrong secret) or cannot prove the secret itself, kTimeout at timeout_s.
   // refused_s >= 0: a server that listened already; stop retrying once it has
   // refused for that long (connectTo).
   TcpStore(const SockAddr& server, std::string secret, double timeout_s, double refused_s = -1);
@@ -166,6 +185,9 @@ class TcpStore : public Store {
  private:
   std::string request(uint8_t cmd, const std::string& key, const std::string& value, double timeout_s);
   std::string readReply(uint8_t cmd, Deadline dl, const std::string& what);
+  // One hello on fd_: "" once both sides are authenticated, else why the
+  // server shed the connection (dial again). Throws on a verdict (see above).
+  std::string hello(const std::string& key, Deadline dl, const std::string& what);
   void closeFd();
   // Issue 19: one request at a time, so the op-counter publisher thread
   // (core/recorder.h) may share the connection with the communicator.
@@ -179,7 +201,7 @@ class TcpStore : public Store {
 // request, and the parser's verdict on a buffer.
 namespace store_wire {
 enum Cmd : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kOnClose = 5, kSetNx = 6, kFormed = 7 };
-constexpr char kHello[8] = {'H', 'A', 'R', 'P', 'S', 'T', 'R', '2'};
+constexpr char kHello[8] = {'H', 'A', 'R', 'P', 'S', 'T', 'R', '3'};
 std::string encode(uint8_t cmd, const std::string& key, const std::string& value);
 // Key lists (GET's extra keys, CHECK): u32 n | n x (u32 len | bytes).
 std::string encodeKeys(const std::vector<std::string>& keys);

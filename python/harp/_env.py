@@ -14,7 +14,8 @@ there, and every rank must hold the same HARP_SECRET (the store and every
 data-plane connection authenticate with keys derived from it; see
 SECURITY.md). Without HARP_SECRET, harp.init() refuses to start: a secret
 made from public facts (job id, address, size) would let anyone who can
-reach the port join the job. The exceptions hand a random secret around:
+reach the port join the job; one under 16 bytes is refused too, and the key
+is derived from it with scrypt (secret_key). The exceptions hand a random secret around:
 harp-run (HARP_UNIQUE_ID carries one), and torchrun after
 torch.distributed.init_process_group() (the rendezvous then goes through
 torch's store, like the torch backend's, and rank 0's random token).
@@ -65,6 +66,19 @@ def _address(env):
 
 _SECRET_HELP = ("export HARP_SECRET=$(python3 -c 'import secrets;print(secrets.token_hex(32))') and give every "
                 "rank the same value (e.g. through the launcher's environment)")
+MIN_SECRET_BYTES = 16
+
+
+def secret_key(secret: str) -> bytes:
+    """The 32-byte job key behind HARP_SECRET: scrypt (N=2**14, r=8, p=1, about 0.1 s and 16 MiB),
+    so that each guess of a secret costs an attacker as much; refuses secrets under
+    MIN_SECRET_BYTES bytes (InvalidArgumentError naming HARP_SECRET)."""
+    raw = secret.encode()
+    if len(raw) < MIN_SECRET_BYTES:
+        raise InvalidArgumentError(
+            f"HARP_SECRET is {len(raw)} bytes long; a job secret needs at least {MIN_SECRET_BYTES} bytes of "
+            f"random text (a short or guessable one can be found by trying). {_SECRET_HELP}")
+    return hashlib.scrypt(raw, salt=b"HARP_SECRET/1", n=2**14, r=8, p=1, maxmem=64 << 20, dklen=32)
 _init_count = 0
 
 
@@ -104,7 +118,7 @@ def init(*, timeout: float | None = None, transport: str | None = None, env=None
         raise InvalidArgumentError(
             f"harp.init(): rendezvous at {addr} needs a job secret shared by every rank, and HARP_SECRET is not "
             f"set. {_SECRET_HELP}. (harp-run sets HARP_UNIQUE_ID instead, which carries a random secret.)")
-    key = hashlib.sha256(secret.encode()).digest()
+    key = secret_key(secret)
     uid = UniqueId(_harp.make_unique_id(addr, key))
     if rank == 0:
         try:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
@@ -606,7 +607,14 @@ class Communicator:
 
 
 class UniqueId:
-    """128 opaque bytes that identify a job's bootstrap root (like ncclUniqueId)."""
+    """128 opaque bytes that identify a job's bootstrap root (like ncclUniqueId).
+
+    Lifetime: the object that ``get_unique_id()`` returns owns the bootstrap store it created.
+    Dropping it (its last reference) stops the store at once if no rank is connected, else once
+    the last rank disconnects; a communicator keeps the store alive for its whole life (split,
+    shrink, grow and agree rendezvous through it), whether or not the id object lives. So keep
+    the id until every rank has joined. Copies (``UniqueId(bytes)``, ``from_hex``, pickles) do
+    not own the store."""
 
     def __init__(self, data: bytes):
         if len(data) != 128:
@@ -635,10 +643,16 @@ class UniqueId:
     def __bytes__(self):
         return self.bytes
 
+    def __reduce__(self):
+        return UniqueId, (self.bytes,)  # a copy elsewhere does not own this process's store
+
 
 def get_unique_id(bind: str = "") -> UniqueId:
     """Create a unique id (a random 32-byte secret and the address of a bootstrap store that
     this process serves). The store stops by itself once the communicator it served has formed
-    and every rank has disconnected (destroy()); ``UniqueId.release()`` stops it earlier.
+    and every rank has disconnected (destroy()), or when the returned object is dropped and no
+    rank is connected (see UniqueId); ``UniqueId.release()`` stops it now.
     A unique id serves one communicator."""
-    return UniqueId(_harp.get_unique_id(bind))
+    uid = UniqueId(_harp.get_unique_id(bind))
+    weakref.finalize(uid, _harp.drop_unique_id, uid.bytes).atexit = False
+    return uid
