@@ -759,6 +759,15 @@ Context::CheckShape checkShape(const CollArgs& a, const Descriptor& d, const Alg
   if (a.coll == CollType::kGather) return Context::CheckShape::kToRoot;
   return Context::CheckShape::kAll;
 }
+// This rank only sends data in this rooted call, so it defers comparing its
+// peers' descriptors to its next call (core/context.h): the broadcast and
+// scatter root, the reduce and gather non-roots (a reduce's inner ranks do
+// receive, and their data's tags are compared in the call).
+bool defersCheck(const CollArgs& a, int rank) {
+  if (a.count == 0) return false;  // checked before the algorithm, in the call
+  if (a.coll == CollType::kBroadcast || a.coll == CollType::kScatter) return a.root == rank;
+  return (a.coll == CollType::kReduce || a.coll == CollType::kGather) && a.root != rank;
+}
 }  // namespace
 
 // Descriptor agreement. Every message's tag carries the descriptor (exact for
@@ -770,7 +779,8 @@ Context::CheckShape checkShape(const CollArgs& a, const Descriptor& d, const Alg
 // Context::startCheck alongside the data (posted first, compared while
 // waiting, completed at the end): every rank hears from every rank, directly
 // or through data that only agreeing ranks forward (checkShape), so a
-// disagreement raises MismatchError on every rank in that call. Cost, 2 ranks,
+// disagreement raises MismatchError on every receiving rank in that call and,
+// at its next call or destroy(), on a rank that only sent (defersCheck). Cost, 2 ranks,
 // 8-byte broadcast (bench/shm_tools/allreduce_latency.cc with broadcast,
 // chrt -f 10, 2-core VM): shm 0.53 -> 1.05 us, tcp 11.5 -> 26.5 us with the
 // full exchange (the root waits for its peers' descriptors); the data-carried
@@ -825,15 +835,25 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
   try {
     Context& ctx = live.emplace(res_, rank_, size_, a, tag, timeout);
     if (check) {
-      ctx.startCheck(d, rooted ? checkShape(a, d, *algo) : Context::CheckShape::kAll);
+      ctx.startCheck(d, rooted ? checkShape(a, d, *algo) : Context::CheckShape::kAll, rooted && defersCheck(a, rank_));
       if (!rooted || a.count == 0) ctx.finishCheck();
     }
     algo->fn(ctx);
     if (check) ctx.finishCheck();
+    ctx.settleDeferred();  // an earlier call's, where this rank only sent
     if (!p2p) closingCheck(a, d.seq);
     recorded.ok();
   } catch (const Error& e) {
     if (e.kind() == Error::kInvalidArgument) throw;
+    // An earlier call's deferred check that shows a disagreement explains this
+    // failure (e.g. a peer's abort reached a shm allreduce's own wait first).
+    const bool named = std::strstr(e.what(), "'s earlier call #") != nullptr;  // thrown by the check itself
+    const std::string earlier = live && !named ? live->deferredFinding() : std::string();
+    if (!earlier.empty()) {
+      std::string why = earlier + "; " + e.what();
+      markBroken(why);
+      throw Error(Error::kMismatch, why);
+    }
     // Issue 19: a timeout (this rank's or a peer's) gains the op-count view
     // naming the ranks that never started this collective.
     std::string why = obs::withOpCounts(recorder_.get(), e.what());
@@ -961,13 +981,44 @@ void Communicator::destroy() {
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
-  destroySubComms();  // Topology (issue 16)
+  // The last rooted call's deferred check (this rank only sent in it): the
+  // error is raised once everything below is released.
+  std::exception_ptr late;
+  try {
+    settleDeferred();
+  } catch (...) {
+    late = std::current_exception();
+  }
+  try {
+    destroySubComms();  // Topology (issue 16)
+  } catch (...) {
+    if (!late) late = std::current_exception();
+  }
   retireRecorder();  // issue 19: off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
   res_.scratch.trim(0);
   res_.pair_of.assign(size_, nullptr);
   res_.transport_of.assign(size_, nullptr);
+  res_.deferred_n = 0;
+  if (late) std::rethrow_exception(late);
+}
+
+// destroy(): wait (up to the communicator's timeout) for the descriptors a
+// deferred check still lacks and compare them; a broken communicator has
+// reported its error already.
+void Communicator::settleDeferred() {
+  if (res_.deferred_n == 0 || broken_.load() || res_.transports.empty()) return;
+  CollArgs a;
+  const Descriptor& d = res_.deferred[res_.deferred_head].mine;
+  a.coll = static_cast<CollType>(d.coll);
+  try {
+    Context ctx(res_, rank_, size_, a, makeCheckTag(d.seq), timeout_s_);
+    ctx.settleDeferred();
+  } catch (const Error& e) {
+    markBroken(e.what());  // peers still waiting learn it too
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -125,7 +125,23 @@ struct CollArgs {
 // touched only by the thread executing a collective (under the
 // communicator's execution lock), except `transports`, which abort() also
 // walks (Transport::abort is callable from any thread).
+// Deferred descriptor check (core/context.h): the receives for the peers'
+// descriptors of one call in which this rank only sent, kept posted past that
+// call (per-pair FIFO keeps them ahead of the next call's messages) and
+// compared by the next call or by destroy().
+struct DeferredCheck {
+  Descriptor mine;                        // what this rank called
+  std::vector<Descriptor> theirs;         // by peer rank
+  std::vector<transport::Request> reqs;   // capacity reserved: the transports hold pointers
+};
+
 struct CommResources {
+  // First members, destroyed last: the transports may hold pointers into them.
+  // At most two sets are open, the previous call's (compared by the end of
+  // this call) and this call's: deferred[(deferred_head + i) % 2], i < deferred_n,
+  // oldest first; their vectors keep their capacity from call to call.
+  DeferredCheck deferred[2];
+  int deferred_head = 0, deferred_n = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports;  // every transport in use
   std::vector<transport::Transport*> transport_of;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of;            // by peer rank (nullptr for self)
@@ -238,6 +254,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void runWith(CollArgs& a, DataType user_dtype);
   void runIntAvg(CollArgs& a);
   void closingCheck(const CollArgs& a, uint32_t seq);
+  void settleDeferred();  // destroy(): the last deferred descriptor check (core/context.h)
   void validate(const CollArgs& a) const;
   void checkBuffers(const CollArgs& a) const;
   void workerLoop();

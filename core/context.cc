@@ -46,6 +46,8 @@ uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, u
          (count & 0xffffffffull);
 }
 
+uint64_t makeCheckTag(uint32_t seq) { return (static_cast<uint64_t>(seq & 0xf) << 60) | kCheckColl << 52; }
+
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
   return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 | user_tag;
 }
@@ -71,7 +73,7 @@ std::string describe(const Descriptor& d) {
 
 Context::Context(CommResources& res, int rank, int size, const CollArgs& args, uint64_t tag, double timeout_s)
     : res_(res), args_(args), tag_(tag), timeout_s_(timeout_s), rank_(rank), size_(size),
-      esize_(dtypeSize(args.dtype)) {}
+      esize_(dtypeSize(args.dtype)), settle_n_(res.deferred_n) {}
 
 Context::~Context() {
   if (!reqs_) return;
@@ -138,7 +140,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
   bool warned = false;  // issue 19: stall warning given
   auto& transports = res_.transports;
   for (;;) {
-    if (check_done_ < check_recvs_.size()) compareChecks();
+    if (checksPending()) compareChecks();
     bool all = true;
     for (Request* r : rs) {
       if (!r->done()) all = false;
@@ -214,18 +216,38 @@ size_t Context::segmentBytes() const { return res_.segment_bytes; }
 // Each rank uses its own idea of the root: ranks that disagree about it then
 // disagree about which messages exist, and a tag mismatch (or a descriptor
 // that says so) fails them.
-void Context::startCheck(const Descriptor& mine, CheckShape shape) {
+void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
   check_mine_ = &mine;
-  auto& theirs = res_.check_buf;
-  theirs.resize(size_);
-  const uint64_t tag = (static_cast<uint64_t>(mine.seq & 0xf) << 60) | kCheckColl << 52;
+  const uint64_t tag = makeCheckTag(mine.seq);
   const int root = static_cast<int>(mine.root);
   const bool from = shape == CheckShape::kFromRoot, to = shape == CheckShape::kToRoot;
   check_recvs_.clear();
   check_done_ = 0;
+  DeferredCheck* dc = nullptr;
+  if (defer) {
+    if (res_.deferred_n == 2) throw Error(Error::kInternal, "two deferred descriptor checks already open");
+    dc = &res_.deferred[(res_.deferred_head + res_.deferred_n++) % 2];
+    dc->mine = mine;
+    dc->theirs.resize(size_);
+    dc->reqs.clear();
+    dc->reqs.reserve(size_);  // no reallocation below: the transports keep these pointers
+  }
+  auto& theirs = dc ? dc->theirs : res_.check_buf;
+  theirs.resize(size_);
   if (!(to && rank_ == root))
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_ && !(from && q == root)) check_recvs_.push_back(irecv(q, &theirs[q], sizeof(Descriptor), tag));
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || (from && q == root)) continue;
+      if (!dc) {
+        check_recvs_.push_back(irecv(q, &theirs[q], sizeof(Descriptor), tag));
+        continue;
+      }
+      Request& r = dc->reqs.emplace_back();
+      r.buf = &theirs[q];
+      r.len = sizeof(Descriptor);
+      r.tag = tag;
+      r.peer = q;
+      res_.pair_of[q]->irecv(&r);
+    }
   check_sends_.clear();
   if (!(from && rank_ == root))
     for (int q = 0; q < size_; ++q)
@@ -244,6 +266,81 @@ void Context::compareChecks() {
                                       describe(*check_mine_) + ", rank " + std::to_string(r->peer) + " called " +
                                       describe(d));
   }
+  // Earlier calls' deferred checks, oldest first; closed once they agree.
+  while (settle_n_ > 0 && compareDeferred(res_.deferred[res_.deferred_head])) {
+    res_.deferred_head = (res_.deferred_head + 1) % 2;
+    --res_.deferred_n;
+    --settle_n_;
+  }
+}
+
+// One earlier call's deferred check: once every receive is done, or one
+// failed, name every rank that disagreed (or, failing that, the failure).
+bool Context::compareDeferred(DeferredCheck& dc, bool partial) {
+  bool all = true, failed = false;
+  for (const Request& r : dc.reqs) {
+    all &= r.done();
+    failed |= r.state == Request::kFailed;
+  }
+  if (!all && !failed && !partial) return false;
+  std::string who, what, failure;
+  Error::Kind kind = Error::kMismatch;
+  for (const Request& r : dc.reqs) {
+    if (!r.done()) continue;
+    const std::string q = std::to_string(r.peer);
+    if (r.state == Request::kFailed && r.failure == Request::kMismatch) {
+      who += (who.empty() ? "" : ", ") + q;
+      what += "; rank " + q + " sent " + describeTag(r.peer_tag) + " (" + std::to_string(r.peer_len) +
+              " bytes) where its descriptor was due";
+    } else if (r.state == Request::kFailed) {
+      if (failure.empty()) {
+        failure = "rank " + q + ": " + r.error;
+        kind = noticeKind(r.error);
+      }
+    } else if (!(dc.theirs[r.peer] == dc.mine)) {
+      who += (who.empty() ? "" : ", ") + q;
+      what += "; rank " + q + " called " + describe(dc.theirs[r.peer]);
+    }
+  }
+  const std::string call = "call #" + std::to_string(dc.mine.seq) + " (" + describe(dc.mine) + ")";
+  if (!who.empty())
+    throw Error(Error::kMismatch, "collective mismatch in rank " + std::to_string(rank_) + "'s earlier " + call +
+                                      ", found at its next call: rank(s) " + who + " disagreed" + what +
+                                      " (rank " + std::to_string(rank_) +
+                                      " only sent data in that call, so it compares its peers' descriptors at its "
+                                      "next call on the communicator or at destroy())");
+  if (partial && !all) return false;  // nothing found yet among those that came
+  if (!failure.empty())
+    throw Error(kind, "the descriptor check of rank " + std::to_string(rank_) + "'s earlier " + call +
+                          " failed: " + failure);
+  return true;
+}
+
+void Context::settleDeferred() {
+  if (settle_n_ == 0) return;
+  bool pending = false;
+  for (int i = 0; i < settle_n_; ++i)
+    for (const Request& r : res_.deferred[(res_.deferred_head + i) % 2].reqs) pending |= !r.done();
+  if (pending) {
+    std::vector<Request*> rs;
+    for (int i = 0; i < settle_n_; ++i)
+      for (Request& r : res_.deferred[(res_.deferred_head + i) % 2].reqs) rs.push_back(&r);
+    waitAll(rs);  // compareChecks, at the top of each round, throws before check() would
+  }
+  compareChecks();
+}
+
+std::string Context::deferredFinding() {
+  if (settle_n_ == 0) return "";
+  try {
+    for (auto& t : res_.transports) t->progress();
+    compareChecks();
+    for (int i = 0; i < settle_n_; ++i) compareDeferred(res_.deferred[(res_.deferred_head + i) % 2], true);
+  } catch (const Error& e) {
+    if (e.kind() == Error::kMismatch && std::strstr(e.what(), "earlier call")) return e.what();
+  } catch (const std::exception&) {
+  }
+  return "";
 }
 
 void Context::finishCheck() {

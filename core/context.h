@@ -26,8 +26,16 @@
 //   kToRoot (gather, whose leaves send straight to the root): nobody sends
 //     the root a descriptor; each leaf's data, compared there, vouches for it.
 // Every rank still hears (directly or through such data) from every rank in
-// the same call, so a disagreement raises MismatchError on every rank.
-// Cost with 2 ranks: one 24-byte message per call (see runCollective).
+// the same call. A rank that only sends data in the call (the root of a
+// broadcast or scatter, the non-roots of a reduce or gather) does not wait
+// for its peers' descriptors there: startCheck(..., defer) leaves those
+// receives posted in a DeferredCheck (core/communicator.h) and the rank
+// compares them during its next call on the communicator (any collective or
+// send/recv; settleDeferred() waits for them at that call's end) or in
+// destroy(), raising MismatchError there and naming the earlier call. Ranks
+// that receive data raise in the call itself. So a loop of small broadcasts
+// pipelines: the root's call k+1 needs only that every peer has started call k.
+// Cost with 2 ranks: one 24-byte message per call, no round trip (see runCollective).
 //
 // Lifetime: built by the communicator for one collective, on its executing
 // thread, from the CommResources it owns (the connections and reused buffers,
@@ -96,14 +104,26 @@ class Context {
   // first call. Hierarchical algorithms run their legs on them.
   SubComms& subComms();
 
-  // Exact descriptor check (see the top of this file).
+  // Exact descriptor check (see the top of this file). defer: this rank only
+  // sends in this call; its receives go to a new DeferredCheck instead.
   enum class CheckShape : uint8_t { kAll, kFromRoot, kToRoot };
-  void startCheck(const Descriptor& mine, CheckShape shape = CheckShape::kAll);
+  void startCheck(const Descriptor& mine, CheckShape shape = CheckShape::kAll, bool defer = false);
   void finishCheck();
+  // Waits for the DeferredChecks that were open when this Context was made
+  // (earlier calls'), compares them and closes them; MismatchError names the
+  // earlier call and every rank that disagreed.
+  void settleDeferred();
+  // In a call that is failing: the MismatchError text an earlier call's open
+  // deferred check shows after one round of progress ("" if none).
+  std::string deferredFinding();
 
  private:
   void check(Request* r);
+  bool checksPending() const { return check_done_ < check_recvs_.size() || settle_n_ > 0; }
   void compareChecks();
+  // True: all arrived and agree. partial: name the disagreements among those
+  // that arrived, even if others have not (false if none).
+  bool compareDeferred(DeferredCheck& dc, bool partial = false);
   CommResources& res_;
   const CollArgs& args_;
   uint64_t tag_;
@@ -117,6 +137,7 @@ class Context {
   const Descriptor* check_mine_ = nullptr;
   std::vector<Request*> check_recvs_, check_sends_;
   size_t check_done_ = 0;  // check_recvs_[0, check_done_) compared
+  int settle_n_;           // res_.deferred sets older than this call, still open
 };
 
 std::string describe(const Descriptor& d);
@@ -130,6 +151,7 @@ std::string describe(const Descriptor& d);
 // The descriptor check's own messages have coll = 0xf.
 uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo = 0);
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag);
+uint64_t makeCheckTag(uint32_t seq);  // the descriptor check's messages
 inline bool tagIsExact(int64_t root, uint64_t count) { return root >= 0 && root < 4096 && count < (1ull << 32); }
 std::string describeTag(uint64_t tag);
 

@@ -3,8 +3,10 @@
 * Rooted collectives check their descriptors with fewer messages: the data
   itself vouches for the root (broadcast, scatter) or the leaves (gather).
   Any disagreement about root, count, dtype or algorithm still raises
-  MismatchError on every rank in that very call, for every algorithm and rank
-  count (generated: per-rank roots, counts, dtypes, broadcast algorithms).
+  MismatchError on every rank, for every algorithm and rank count (generated:
+  per-rank roots, counts, dtypes, broadcast algorithms): in that very call, or,
+  on a rank that only sent data in it (broadcast/scatter root, gather
+  non-root), at its next call (core/context.h, deferred check).
 * Threads sharing a communicator without overlapping (item 7): each thread's
   calls differ in their descriptor, so a call that two ranks pair differently
   raises MismatchError — no wrong result is ever returned silently.
@@ -71,7 +73,9 @@ def _check_rooted(coll, spec, res):
             assert first == ("ok", _expected(coll, rank, n, root, count)), (spec, res)
             assert second == ("ok", [float(n)] * 2), (spec, res)
         else:
-            assert first[0] == "MismatchError", (spec, res)  # on every rank, in that very call
+            # on every rank, in that very call or, where the rank only sent, at its next call
+            only_sent = (spec[rank][0] == rank) == (coll != "gather")
+            assert first[0] == "MismatchError" or (only_sent and first[0] == "ok"), (spec, res)
             assert second[0] == "MismatchError", (spec, res)  # and it stays broken
 
 
@@ -238,6 +242,9 @@ def test_a_roots_own_argument_error_reaches_every_rank_with_its_text(tr, coll):
     for rank, ((cls, msg), nxt, secs) in enumerate(res):
         assert nxt[0] != "ok", res
         if rank:
+            # gather/reduce non-roots only send: they may return and learn it at their next call
+            if cls == "ok" and coll != "scatter":
+                cls, msg = nxt
             assert cls == "PeerError" and "rank 0, the root, refused" in msg and msg0 in msg, res
             assert secs < 60, res  # not the 120 s timeout
 
