@@ -210,7 +210,8 @@ ONE_RANK = """
 import glob, os, sys
 import numpy as np
 import harp
-os.environ.update(HARP_UNIQUE_ID=harp.get_unique_id("127.0.0.1:0").hex(), HARP_RANK="0", HARP_WORLD_SIZE="1")
+uid = harp.get_unique_id("127.0.0.1:0")  # owns the store: kept until the rank joined
+os.environ.update(HARP_UNIQUE_ID=uid.hex(), HARP_RANK="0", HARP_WORLD_SIZE="1")
 harp.init().allreduce(np.ones(2))
 print(len(glob.glob(os.environ["XDG_RUNTIME_DIR"] + f"/harp-status-{os.getuid()}.*/*.sock")))
 """
