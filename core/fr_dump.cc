@@ -32,6 +32,7 @@
 
 #include "core/algorithms/algorithm.h"
 #include "core/base/env.h"
+#include "core/base/folder.h"
 #include "core/base/log.h"
 #include "core/recorder.h"
 
@@ -221,34 +222,6 @@ std::string flightRecordPickle(const std::string& reason) {
   p.endDict();
   p.endDict();
   return p.finish();
-}
-
-bool isPrivateFolder(const std::string& dir, std::string* why) {
-  struct stat st;
-  char b[160];
-  if (::lstat(dir.c_str(), &st) != 0) snprintf(b, sizeof b, "%s", std::strerror(errno));
-  else if (S_ISLNK(st.st_mode)) snprintf(b, sizeof b, "a symbolic link");
-  else if (!S_ISDIR(st.st_mode)) snprintf(b, sizeof b, "not a folder");
-  else if (st.st_uid != getuid()) snprintf(b, sizeof b, "owned by uid %u", static_cast<unsigned>(st.st_uid));
-  else if (st.st_mode & 077) snprintf(b, sizeof b, "mode %04o (others have access)", st.st_mode & 07777);
-  else return true;
-  if (why) *why = b;
-  return false;
-}
-
-std::string privateFolder(const std::string& base, const std::string& name, std::string* note) {
-  std::string dir = base + "/" + name, why;
-  ::mkdir(dir.c_str(), 0700);  // EEXIST is fine: what is there is checked next
-  if (isPrivateFolder(dir, &why)) return dir;
-  std::string tmpl = dir + ".XXXXXX";
-  std::vector<char> t(tmpl.begin(), tmpl.end());
-  t.push_back('\0');
-  if (!::mkdtemp(t.data())) {
-    if (note) *note = dir + " is " + why + ", and " + tmpl + ": " + std::strerror(errno);
-    return "";
-  }
-  if (note) *note = dir + " is " + why + " (made by someone else?): using " + t.data() + " instead";
-  return t.data();
 }
 
 namespace {

@@ -48,6 +48,7 @@
 
 #include "core/algorithms/registry.h"
 #include "core/base/env.h"
+#include "core/base/folder.h"
 #include "core/base/log.h"
 #include "core/base/socket.h"
 #include "core/recorder.h"

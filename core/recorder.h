@@ -312,13 +312,6 @@ std::string dumpFlightRecord(const std::string& reason, std::string* err);
 std::string flightRecordPickle(const std::string& reason);  // the bytes of that file
 int processGlobalRank();  // RANK / HARP_RANK, else the first communicator's rank
 
-// A folder only this user can enter: a real folder (not a symlink), owned by
-// getuid(), no group/other permission bits; else false with *why set.
-bool isPrivateFolder(const std::string& dir, std::string* why);
-// <base>/<name>, made 0700 if missing, when it is private; when someone else
-// made that name first, a fresh mkdtemp <base>/<name>.XXXXXX (harp-status
-// looks there too), with *note saying so. "" with *note set when neither works.
-std::string privateFolder(const std::string& base, const std::string& name, std::string* note);
 
 // Every live communicator of this process as JSON (harp-status, metrics), and
 // the status socket's path ("" when off); core/observer.cc.

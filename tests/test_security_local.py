@@ -371,16 +371,21 @@ class _Boom:
         return (open, (self.marker, "w"))  # unpickling creates the marker file
 
 
+def _send_pickle(comm, obj):
+    """An on-path injector's frames: a length, then a pickle, as broadcast_object sends them."""
+    blob = pickle.dumps(obj)
+    comm.broadcast(np.array([len(blob)], np.int64), root=0)
+    comm.broadcast(np.frombuffer(blob, np.uint8).copy(), root=0)
+    return "sent"
+
+
 def _inject(rank, size, marker):
     """Rank 0 plays an on-path injector: it sends a crafted pickle in sync's frames."""
     from harp import elastic
 
     comm = harp.init()
     if rank == 0:
-        blob = pickle.dumps({"w": _Boom(marker)})
-        comm.broadcast(np.array([len(blob)], np.int64), root=0)
-        comm.broadcast(np.frombuffer(blob, np.uint8).copy(), root=0)
-        return "sent"
+        return _send_pickle(comm, {"w": _Boom(marker)})
     state = elastic.State(w=np.zeros(3))
     try:
         state.sync(comm)
@@ -403,10 +408,7 @@ def _hvd_inject(rank, size, marker):
     hvd.init()
     comm = hvd._comm()
     if rank == 0:
-        blob = pickle.dumps({"epoch": _Boom(marker)})
-        comm.broadcast(np.array([len(blob)], np.int64), root=0)
-        comm.broadcast(np.frombuffer(blob, np.uint8).copy(), root=0)
-        return "sent"
+        return _send_pickle(comm, {"epoch": _Boom(marker)})
     state = hvd.elastic.ObjectState(epoch=0)
     try:
         state.sync()

@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "core/base/env.h"
+#include "core/base/folder.h"
 #include "core/base/log.h"
 #include "core/base/types.h"
 
@@ -550,21 +551,25 @@ std::string Runtime::memifDir() {
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     throw unavailable("cannot create the memif socket folder " + dir + ": " + strerror(errno) +
                       " (HARP_DPDK_MEMIF_DIR names its parent)");
-  struct stat st;
-  if (lstat(dir.c_str(), &st) != 0) throw unavailable("cannot stat " + dir + ": " + strerror(errno));
+  const FolderState st = inspectFolder(dir, uid);
   const std::string fix = ": remove it, or set HARP_DPDK_MEMIF_DIR to another parent folder";
-  if (!S_ISDIR(st.st_mode))
-    throw unavailable("the memif socket folder " + dir + " is not a folder (a symlink or file someone put there?)" +
-                      fix);
-  if (st.st_uid != uid)
-    throw unavailable("the memif socket folder " + dir + " belongs to uid " + std::to_string(st.st_uid) +
-                      ", not to this user (uid " + std::to_string(uid) + "): whoever made it can reach its sockets" +
-                      fix);
-  if (st.st_mode & 077) {
-    char mode[8];
-    snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw unavailable("the memif socket folder " + dir + " is open to other users (mode " + mode +
-                      "): chmod 700 it, or remove it" + fix.substr(fix.find(',')));
+  switch (st.kind) {
+    case FolderState::kPrivate: break;
+    case FolderState::kMissing: throw unavailable("cannot stat " + dir + ": " + strerror(st.err));
+    case FolderState::kSymlink:
+    case FolderState::kNotFolder:
+      throw unavailable("the memif socket folder " + dir + " is not a folder (a symlink or file someone put there?)" +
+                        fix);
+    case FolderState::kOtherOwner:
+      throw unavailable("the memif socket folder " + dir + " belongs to uid " + std::to_string(st.uid) +
+                        ", not to this user (uid " + std::to_string(uid) + "): whoever made it can reach its sockets" +
+                        fix);
+    case FolderState::kOpen: {
+      char mode[8];
+      snprintf(mode, sizeof mode, "%04o", st.mode);
+      throw unavailable("the memif socket folder " + dir + " is open to other users (mode " + mode +
+                        "): chmod 700 it, or remove it" + fix.substr(fix.find(',')));
+    }
   }
   memif_dir_ = dir;
   return dir;
