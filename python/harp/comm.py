@@ -259,7 +259,8 @@ class Communicator:
 
     def _run(self, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0, algo=None,
              timeout=None, async_op=False, result=None, keep=(), v=None):
-        secs = _seconds(timeout, f"{Coll(coll).name}: timeout")
+        # The message names the collective; built only when there is a timeout to check.
+        secs = -1.0 if timeout is None else _seconds(timeout, f"{Coll(coll).name}: timeout")
         if self._pending:
             self._drain()
         if not async_op and v is None and peer < 0 and timeout is None:
