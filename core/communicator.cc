@@ -215,6 +215,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.spin_bytes = env::bytes("HARP_SPIN_BYTES");
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
   res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
+  res_.check_window = static_cast<int>(std::clamp<long long>(env::integer("HARP_CHECK_WINDOW"), 1, 15));
+  res_.deferred.resize(res_.check_window + 1);
   res_.owner = this;                       // Topology (issue 16)
   hier_auto_ = env::flag("HARP_HIER");
 }
@@ -759,13 +761,15 @@ Context::CheckShape checkShape(const CollArgs& a, const Descriptor& d, const Alg
   if (a.coll == CollType::kGather) return Context::CheckShape::kToRoot;
   return Context::CheckShape::kAll;
 }
-// This rank only sends data in this rooted call, so it defers comparing its
-// peers' descriptors to its next call (core/context.h): the broadcast and
-// scatter root, the reduce and gather non-roots (a reduce's inner ranks do
-// receive, and their data's tags are compared in the call).
-bool defersCheck(const CollArgs& a, int rank) {
+// This rank does not wait for its peers' descriptors in this rooted call
+// (core/context.h): it only sends data (the broadcast and scatter root, the
+// reduce and gather non-roots; a reduce's inner ranks do receive, and their
+// data's tags are compared in the call), or (kFromRoot) it receives data that
+// vouches for the root and compares the descriptors that came while it waited.
+bool defersCheck(const CollArgs& a, int rank, Context::CheckShape shape) {
   if (a.count == 0) return false;  // checked before the algorithm, in the call
-  if (a.coll == CollType::kBroadcast || a.coll == CollType::kScatter) return a.root == rank;
+  if (a.coll == CollType::kBroadcast || a.coll == CollType::kScatter)
+    return a.root == rank || shape == Context::CheckShape::kFromRoot;
   return (a.coll == CollType::kReduce || a.coll == CollType::kGather) && a.root != rank;
 }
 }  // namespace
@@ -778,15 +782,14 @@ bool defersCheck(const CollArgs& a, int rank) {
 // sends). Rooted collectives therefore run the exact descriptor check of
 // Context::startCheck alongside the data (posted first, compared while
 // waiting, completed at the end): every rank hears from every rank, directly
-// or through data that only agreeing ranks forward (checkShape), so a
-// disagreement raises MismatchError on every receiving rank in that call and,
-// at its next call or destroy(), on a rank that only sent (defersCheck). Cost, 2 ranks,
-// 8-byte broadcast (bench/shm_tools/allreduce_latency.cc with broadcast,
-// chrt -f 10, 2-core VM): shm 0.53 -> 1.05 us, tcp 11.5 -> 26.5 us with the
-// full exchange (the root waits for its peers' descriptors); the data-carried
-// shapes: see bench/RESULTS.md, "issue 12: broadcast descriptor check". Large
-// messages unchanged. Allreduce pays only the closing check (closingCheck): 8 bytes
-// shm 0.57 -> 0.63 us, tcp 16.6 -> 17.5 us. Zero counts and
+// or through data that only agreeing ranks forward (checkShape). A rank whose
+// data disagrees raises MismatchError in the call; one that only sent, or
+// whose data agreed (defersCheck), raises at a later call (by its next
+// non-deferring call, HARP_CHECK_WINDOW calls, or destroy()). Cost: with an
+// exact tag each broadcast/scatter receiver sends its 24-byte descriptor to its
+// p-1 peers and nobody waits for one; ABBA figures against the tree before the
+// check in bench/RESULTS.md ("Deferred root check"). Large messages unchanged.
+// Allreduce pays only the closing check (closingCheck). Zero counts and
 // descriptors the tag cannot carry run the check before the algorithm (a rank
 // with count 0 would otherwise return before anyone could compare).
 void Communicator::runCollective(CollArgs& a) {
@@ -835,7 +838,8 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
   try {
     Context& ctx = live.emplace(res_, rank_, size_, a, tag, timeout);
     if (check) {
-      ctx.startCheck(d, rooted ? checkShape(a, d, *algo) : Context::CheckShape::kAll, rooted && defersCheck(a, rank_));
+      const Context::CheckShape shape = rooted ? checkShape(a, d, *algo) : Context::CheckShape::kAll;
+      ctx.startCheck(d, shape, rooted && defersCheck(a, rank_, shape));
       if (!rooted || a.count == 0) ctx.finishCheck();
     }
     algo->fn(ctx);

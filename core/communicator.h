@@ -131,17 +131,21 @@ struct CollArgs {
 // compared by the next call or by destroy().
 struct DeferredCheck {
   Descriptor mine;                        // what this rank called
+  bool received = false;                  // this rank also received data in that call
+  std::vector<char> compared;             // by reqs index: compared during that call (received)
   std::vector<Descriptor> theirs;         // by peer rank
   std::vector<transport::Request> reqs;   // capacity reserved: the transports hold pointers
 };
 
 struct CommResources {
   // First members, destroyed last: the transports may hold pointers into them.
-  // At most two sets are open, the previous call's (compared by the end of
-  // this call) and this call's: deferred[(deferred_head + i) % 2], i < deferred_n,
-  // oldest first; their vectors keep their capacity from call to call.
-  DeferredCheck deferred[2];
+  // A ring of check_window + 1 sets, sized once (Communicator's constructor):
+  // up to check_window earlier calls' and this call's, oldest first,
+  // deferred[(deferred_head + i) % deferred.size()], i < deferred_n; their
+  // vectors keep their capacity from call to call.
+  std::vector<DeferredCheck> deferred;
   int deferred_head = 0, deferred_n = 0;
+  int check_window = 8;        // HARP_CHECK_WINDOW: deferred checks left open before a call waits
   std::vector<std::unique_ptr<transport::Transport>> transports;  // every transport in use
   std::vector<transport::Transport*> transport_of;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of;            // by peer rank (nullptr for self)

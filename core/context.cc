@@ -225,10 +225,16 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
   check_done_ = 0;
   DeferredCheck* dc = nullptr;
   if (defer) {
-    if (res_.deferred_n == 2) throw Error(Error::kInternal, "two deferred descriptor checks already open");
-    dc = &res_.deferred[(res_.deferred_head + res_.deferred_n++) % 2];
+    // settleDeferred() keeps at most check_window open between calls
+    if (res_.deferred_n >= static_cast<int>(res_.deferred.size()))
+      throw Error(Error::kInternal, "every deferred descriptor check slot is open");
+    dc = &res_.deferred[(res_.deferred_head + res_.deferred_n++) % res_.deferred.size()];
     dc->mine = mine;
+    dc->received = from && rank_ != root;
+    if (dc->received) open_dc_ = dc;
+    opened_ = true;
     dc->theirs.resize(size_);
+    dc->compared.assign(size_, 0);
     dc->reqs.clear();
     dc->reqs.reserve(size_);  // no reallocation below: the transports keep these pointers
   }
@@ -268,19 +274,43 @@ void Context::compareChecks() {
   }
   // Earlier calls' deferred checks, oldest first; closed once they agree.
   while (settle_n_ > 0 && compareDeferred(res_.deferred[res_.deferred_head])) {
-    res_.deferred_head = (res_.deferred_head + 1) % 2;
+    res_.deferred_head = (res_.deferred_head + 1) % res_.deferred.size();
     --res_.deferred_n;
     --settle_n_;
   }
+  // This call's own deferred receives, as far as they came: a receiver blocked
+  // on data that a rank with another idea of the root never sends still raises.
+  if (open_dc_)
+    for (size_t i = 0; i < open_dc_->reqs.size(); ++i) {
+      Request& r = open_dc_->reqs[i];
+      if (open_dc_->compared[i] || !r.done()) continue;
+      check(&r);
+      open_dc_->compared[i] = 1;
+      const Descriptor& d = open_dc_->theirs[r.peer];
+      if (d == *check_mine_) continue;
+      throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(rank_) + " and rank " +
+                                        std::to_string(r.peer) + ": rank " + std::to_string(rank_) + " called " +
+                                        describe(*check_mine_) + ", rank " + std::to_string(r.peer) + " called " +
+                                        describe(d));
+    }
 }
 
 // One earlier call's deferred check: once every receive is done, or one
 // failed, name every rank that disagreed (or, failing that, the failure).
+// partial: raise for a disagreement among those that came, even if others
+// have not (returns false while any is missing).
 bool Context::compareDeferred(DeferredCheck& dc, bool partial) {
-  bool all = true, failed = false;
-  for (const Request& r : dc.reqs) {
+  bool all = true, failed = false, bad = false;
+  for (size_t i = 0; i < dc.reqs.size(); ++i) {
+    const Request& r = dc.reqs[i];
     all &= r.done();
+    if (!r.done() || dc.compared[i]) continue;
     failed |= r.state == Request::kFailed;
+    bad |= r.state == Request::kFailed || !(dc.theirs[r.peer] == dc.mine);
+  }
+  if (!bad) {
+    if (!all) return false;
+    return true;
   }
   if (!all && !failed && !partial) return false;
   std::string who, what, failure;
@@ -305,29 +335,37 @@ bool Context::compareDeferred(DeferredCheck& dc, bool partial) {
   const std::string call = "call #" + std::to_string(dc.mine.seq) + " (" + describe(dc.mine) + ")";
   if (!who.empty())
     throw Error(Error::kMismatch, "collective mismatch in rank " + std::to_string(rank_) + "'s earlier " + call +
-                                      ", found at its next call: rank(s) " + who + " disagreed" + what +
+                                      ", found at a later call: rank(s) " + who + " disagreed" + what +
                                       " (rank " + std::to_string(rank_) +
-                                      " only sent data in that call, so it compares its peers' descriptors at its "
-                                      "next call on the communicator or at destroy())");
+                                      (dc.received ? "'s data in that call agreed with its call, so it compares "
+                                                     "the descriptors that had not come by that call's end"
+                                                   : " only sent data in that call, so it compares its peers' descriptors") +
+                                      " at its later calls on the communicator, by HARP_CHECK_WINDOW calls or "
+                                      "at destroy())");
   if (partial && !all) return false;  // nothing found yet among those that came
-  if (!failure.empty())
-    throw Error(kind, "the descriptor check of rank " + std::to_string(rank_) + "'s earlier " + call +
-                          " failed: " + failure);
-  return true;
+  throw Error(kind, "the descriptor check of rank " + std::to_string(rank_) + "'s earlier " + call +
+                        " failed: " + failure);
 }
 
+// At a call's end: earlier calls' deferred checks. A call that did not defer
+// its own check waits for all of them; one that did waits only for the oldest
+// beyond check_window (so back-to-back rooted calls pipeline that deep). What
+// has come of the others is compared now.
 void Context::settleDeferred() {
   if (settle_n_ == 0) return;
+  const size_t ring = res_.deferred.size();
+  const int must = opened_ ? std::max(0, settle_n_ + 1 - res_.check_window) : settle_n_;
   bool pending = false;
-  for (int i = 0; i < settle_n_; ++i)
-    for (const Request& r : res_.deferred[(res_.deferred_head + i) % 2].reqs) pending |= !r.done();
+  for (int i = 0; i < must; ++i)
+    for (const Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) pending |= !r.done();
   if (pending) {
     std::vector<Request*> rs;
-    for (int i = 0; i < settle_n_; ++i)
-      for (Request& r : res_.deferred[(res_.deferred_head + i) % 2].reqs) rs.push_back(&r);
+    for (int i = 0; i < must; ++i)
+      for (Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) rs.push_back(&r);
     waitAll(rs);  // compareChecks, at the top of each round, throws before check() would
   }
   compareChecks();
+  for (int i = 0; i < settle_n_; ++i) compareDeferred(res_.deferred[(res_.deferred_head + i) % ring], true);
 }
 
 std::string Context::deferredFinding() {
@@ -335,7 +373,8 @@ std::string Context::deferredFinding() {
   try {
     for (auto& t : res_.transports) t->progress();
     compareChecks();
-    for (int i = 0; i < settle_n_; ++i) compareDeferred(res_.deferred[(res_.deferred_head + i) % 2], true);
+    for (int i = 0; i < settle_n_; ++i)
+      compareDeferred(res_.deferred[(res_.deferred_head + i) % res_.deferred.size()], true);
   } catch (const Error& e) {
     if (e.kind() == Error::kMismatch && std::strstr(e.what(), "earlier call")) return e.what();
   } catch (const std::exception&) {

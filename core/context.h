@@ -26,16 +26,21 @@
 //   kToRoot (gather, whose leaves send straight to the root): nobody sends
 //     the root a descriptor; each leaf's data, compared there, vouches for it.
 // Every rank still hears (directly or through such data) from every rank in
-// the same call. A rank that only sends data in the call (the root of a
-// broadcast or scatter, the non-roots of a reduce or gather) does not wait
-// for its peers' descriptors there: startCheck(..., defer) leaves those
-// receives posted in a DeferredCheck (core/communicator.h) and the rank
-// compares them during its next call on the communicator (any collective or
-// send/recv; settleDeferred() waits for them at that call's end) or in
-// destroy(), raising MismatchError there and naming the earlier call. Ranks
-// that receive data raise in the call itself. So a loop of small broadcasts
-// pipelines: the root's call k+1 needs only that every peer has started call k.
-// Cost with 2 ranks: one 24-byte message per call, no round trip (see runCollective).
+// the same call. Where data vouches for the root or a rank only sends data (the
+// root of a broadcast or scatter, the non-roots of a reduce or gather, and a
+// broadcast or scatter receiver: kFromRoot), the rank does not wait for its
+// peers' descriptors: startCheck(..., defer) posts those receives in a
+// DeferredCheck (core/communicator.h), compared as they arrive while this and
+// later calls wait; a receiver still raises in the call for any that came
+// while it waited for data (so one blocked on data that a rank with another
+// idea of the root never sends raises). settleDeferred(), at each call's end,
+// waits for the open ones when the call did not defer its own check, and
+// otherwise only for those beyond HARP_CHECK_WINDOW (1-15, default 8) open
+// calls; destroy() waits for the rest. A disagreement found there raises
+// MismatchError naming the earlier call. So a loop of small broadcasts
+// pipelines: the root's call k+8 needs only that every peer has started call
+// k. Cost: each receiver sends its 24-byte descriptor to every peer; no wait
+// for any (bench/RESULTS.md, "Deferred root check").
 //
 // Lifetime: built by the communicator for one collective, on its executing
 // thread, from the CommResources it owns (the connections and reused buffers,
@@ -104,8 +109,10 @@ class Context {
   // first call. Hierarchical algorithms run their legs on them.
   SubComms& subComms();
 
-  // Exact descriptor check (see the top of this file). defer: this rank only
-  // sends in this call; its receives go to a new DeferredCheck instead.
+  // Exact descriptor check (see the top of this file). defer: this rank's
+  // descriptor receives go to a new DeferredCheck, compared as they arrive
+  // while this call waits and completed by its next call: a rank that only
+  // sends, and (kFromRoot) a receiver, whose data vouches for the root.
   enum class CheckShape : uint8_t { kAll, kFromRoot, kToRoot };
   void startCheck(const Descriptor& mine, CheckShape shape = CheckShape::kAll, bool defer = false);
   void finishCheck();
@@ -119,7 +126,7 @@ class Context {
 
  private:
   void check(Request* r);
-  bool checksPending() const { return check_done_ < check_recvs_.size() || settle_n_ > 0; }
+  bool checksPending() const { return check_done_ < check_recvs_.size() || settle_n_ > 0 || open_dc_; }
   void compareChecks();
   // True: all arrived and agree. partial: name the disagreements among those
   // that arrived, even if others have not (false if none).
@@ -138,6 +145,10 @@ class Context {
   std::vector<Request*> check_recvs_, check_sends_;
   size_t check_done_ = 0;  // check_recvs_[0, check_done_) compared
   int settle_n_;           // res_.deferred sets older than this call, still open
+  // This call's own DeferredCheck where this rank also receives data: compared
+  // (as far as arrived) while the call waits, left open at its end.
+  DeferredCheck* open_dc_ = nullptr;
+  bool opened_ = false;  // this call deferred its own check
 };
 
 std::string describe(const Descriptor& d);
