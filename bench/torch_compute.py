@@ -36,7 +36,7 @@ def _rank(rank, size, backend, model_kind, threads, width, steps, url, out_q):
 
     if backend == "harp":
         import harp.torch  # noqa: F401
-    if threads != "default":
+    if threads not in ("default", "omp1"):
         torch.set_num_threads(int(threads))
     dist.init_process_group(backend, init_method=url, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=120))
@@ -111,6 +111,8 @@ def run_job(backend, model_kind, threads, ranks, width, steps):
     url = "file://" + path
     name, _, env = backend.partition(":")
     extra = dict(kv.split("=", 1) for kv in env.split(";") if kv)
+    if threads == "omp1":  # as torchrun starts ranks: OMP_NUM_THREADS=1 in their environment
+        extra["OMP_NUM_THREADS"] = "1"
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)  # spawned ranks take the environment at start
     try:
@@ -162,7 +164,8 @@ def main(argv=None):
     ap.add_argument("--backends", default="harp,gloo",
                     help="comma list of NAME[:VAR=VALUE;...] (a variant runs with those environment variables)")
     ap.add_argument("--model", default="fsdp,ddp")
-    ap.add_argument("--threads", default="default,1", help="comma list: 'default' (torch's own) or a number")
+    ap.add_argument("--threads", default="default,1", help="comma list: 'default' (torch's own), 'omp1' (OMP_NUM_THREADS=1 in the ranks' "
+                         "environment, as torchrun sets it) or a number (torch.set_num_threads)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--steps", type=int, default=40)

@@ -18,6 +18,7 @@
 
 #include "core/algorithms/registry.h"
 #include "core/base/bootstrap.h"
+#include "core/base/log.h"
 #include "core/communicator.h"
 #include "core/compress.h"
 #include "core/recorder.h"
@@ -282,6 +283,13 @@ PYBIND11_MODULE(_harp, m) {
   m.def("drop_unique_id", [](const std::string& b) { return dropUniqueId(UniqueId::fromBytes(b.data(), b.size())); });
   m.def("store_servers_running", &storeServersRunning);
   m.add_object("run_arrays", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRunArraysDef, nullptr, m.ptr())));
+  // One line through HARP's logger (core/base/log.h: HARP_DEBUG level, "HARP host:pid [rank] LEVEL"
+  // prefix, one write(2)), for the Python side's warnings. level: 1 WARN, 2 INFO, 3 TRACE.
+  m.def("log", [](int level, const std::string& msg) {
+    if (level < 1 || level > 3) throw InvalidArgument("harp log level must be 1 (WARN), 2 (INFO) or 3 (TRACE), got " + std::to_string(level));
+    const LogLevel l = static_cast<LogLevel>(level);
+    if (logEnabled(l, LogSubsys::kMisc)) logf(l, "%s", msg.c_str());
+  }, py::arg("level"), py::arg("msg"));
   m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });
   m.def("reduce_kernel", &reduceKernelName);
   m.def("algorithms", [](const std::string& coll) { return algorithmList(parseColl(coll)); });

@@ -123,6 +123,45 @@ def test_local_errors_are_clear_and_group_survives(tmp_path):
         assert r[3] is True
 
 
+NO_ENV = {"OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None, "HARP_TORCH_THREADS": None}
+
+
+@pytest.mark.parametrize("case, threads, env, want", [
+    ("auto lowers", 2, {}, 1),                        # 2 ranks x 2 threads on 1 core each: 1 thread
+    ("keep", 2, {"HARP_TORCH_THREADS": "keep"}, 2),
+    ("OMP_NUM_THREADS is the user's", 2, {"OMP_NUM_THREADS": "2"}, 2),
+    ("a count", 1, {"HARP_TORCH_THREADS": "3"}, 3),
+])
+def test_torch_threads_fit_the_host_on_an_oversubscribed_host(case, threads, env, want, tmp_path):
+    res = run_ranks(2, tc.threads_fit, _url(tmp_path), threads, True, {**NO_ENV, **env}, timeout=120)
+    assert res == [want, want], (case, res)
+
+
+def test_torch_threads_setting_that_is_not_a_count_fails_naming_it(tmp_path):
+    res = run_ranks(2, tc.threads_fit, _url(tmp_path), 2, False, {**NO_ENV, "HARP_TORCH_THREADS": "x"},
+                    timeout=120)
+    for r in res:
+        assert isinstance(r, str) and "HARP_TORCH_THREADS='x'" in r and "auto, keep or a thread count" in r, r
+
+
+@pytest.mark.parametrize("setting, threads, local, cores, env, want", [
+    ("auto", 2, 2, 2, {}, 1), ("auto", 8, 4, 8, {}, 2), ("auto", 4, 2, 8, {}, 4), ("auto", 2, 3, 2, {}, 1),
+    ("", 16, 1, 16, {}, 16), ("auto", 2, 2, 2, {"MKL_NUM_THREADS": "2"}, 2), ("KEEP", 4, 4, 1, {}, 4),
+    (" 5 ", 1, 1, 1, {}, 5),
+])
+def test_torch_threads_choice(setting, threads, local, cores, env, want):
+    from harp.torch._threads import choose
+    assert choose(setting, threads, local, cores, env)[0] == want
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "2.5", "1e3"])
+def test_torch_threads_choice_refuses_what_is_not_a_count(bad):
+    from harp.errors import InvalidArgumentError
+    from harp.torch._threads import choose
+    with pytest.raises(InvalidArgumentError, match="HARP_TORCH_THREADS"):
+        choose(bad, 2, 2, 2, {})
+
+
 def test_mismatched_collective_raises_distbackenderror(tmp_path):
     res = run_ranks(3, tc.errors_mismatch, _url(tmp_path), timeout=100)
     for rank, (msg, secs) in enumerate(res):

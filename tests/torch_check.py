@@ -673,3 +673,24 @@ def sparse_mismatch(rank, size, url):
     dist.all_reduce(d)
     dist.destroy_process_group()
     return msgs, bool(torch.all(d == size))
+
+
+def threads_fit(rank, size, url, threads, one_core, env):
+    """torch.get_num_threads() after the harp group forms (python/harp/torch/_threads.py), having
+    started with `threads` on one core each (one_core) or the usual affinity; env set/unset (None)."""
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if one_core:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group("harp", init_method=url, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=60))
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        return f"{type(e).__name__}: {e}"
+    n = torch.get_num_threads()
+    dist.destroy_process_group()
+    return n

@@ -42,6 +42,7 @@ from ..comm import Communicator
 from ..errors import HarpError, InvalidArgumentError
 from ._store import TorchStore
 from ._sparse import sparse_allreduce
+from ._threads import fit_threads
 from ._tensors import Staged, UnsupportedError, check_device, harp_op, reduce_op_name
 from ._work import Completer, HarpWork, backend_error, completed_work
 
@@ -111,6 +112,10 @@ class ProcessGroupHarp(dist.ProcessGroup):
                 self._down = Communicator.from_store(hs, rank, size, prefix="harp/down/", timeout=t)
             else:
                 self._up = self._down = None
+        except HarpError as e:
+            raise dist.DistBackendError(f"harp: creating process group failed on {self._desc}: {e}") from None
+        try:
+            fit_threads(self._coll)  # once per process: torch threads vs. this host's ranks and cores
         except HarpError as e:
             raise dist.DistBackendError(f"harp: creating process group failed on {self._desc}: {e}") from None
         self._done = {id(self._coll): Completer(f"{self._name}-c")}
