@@ -81,6 +81,12 @@ void Communicator::startKeepAlive() {
   auto describe = [this](int r) {
     return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + " on " + peers_[r].hostname + ")";
   };
+  // Lazy sends (the deferred descriptor check's) left held by a rank that went
+  // idle go out within an interval. Transport::flush may run on any thread;
+  // destroy() stops this thread before the transports go.
+  keepalive_->onBeat([this] {
+    for (auto& t : res_.transports) t->flush();
+  });
   keepalive_->start(addrs, describe, [this](const std::vector<int>&, const std::string& why) { markBroken(why); });
 }
 

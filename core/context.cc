@@ -155,6 +155,8 @@ void Context::waitAll(const std::vector<Request*>& rs) {
     }
     ++idle;
     if (idle < kSpin) continue;
+    if (idle == kSpin)  // about to yield: what lazy sends held goes now (a peer may wait on it)
+      for (auto& t : transports) t->flush();
     if (idle < 2 * kSpin) {
       sched_yield();
       continue;
@@ -254,10 +256,22 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
       r.peer = q;
       res_.pair_of[q]->irecv(&r);
     }
+  // A deferred check's descriptors are lazy sends (transport.h): nobody waits
+  // for them in this call, so a transport may carry several calls' at once
+  // (tcp: MSG_MORE); waitAll and wait() flush before this rank blocks.
   check_sends_.clear();
   if (!(from && rank_ == root))
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_ && !(to && q == root)) check_sends_.push_back(isend(q, &mine, sizeof(Descriptor), tag));
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || (to && q == root)) continue;
+      Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
+      r.buf = const_cast<Descriptor*>(&mine);
+      r.len = sizeof(Descriptor);
+      r.tag = tag;
+      r.peer = q;
+      r.lazy = dc != nullptr;
+      res_.pair_of[q]->isend(&r);
+      check_sends_.push_back(&r);
+    }
 }
 
 // Compare the peers' descriptors that have arrived, in order.

@@ -364,6 +364,7 @@ void KeepAlive::loop() {
     double t = now();
     if (t >= next || probe_.exchange(false)) {
       beat(kBeat);
+      if (on_beat_) on_beat_();
       next = t + interval_s_;
     }
     probeSuspects(t);

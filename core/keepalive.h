@@ -80,6 +80,10 @@ class KeepAlive {
   // addrs[r]: rank r's localAddress() (this rank's own entry is ignored).
   // describe(r) names a rank in messages ("rank 3 (host, pid 42)").
   void start(const std::vector<std::string>& addrs, std::function<std::string(int)> describe, OnFailure cb);
+  // Called on the keep-alive thread at every beat (HARP_KEEPALIVE_INTERVAL);
+  // set before start(). The communicator flushes lazy sends there
+  // (Transport::flush), so none waits longer than an interval on an idle rank.
+  void onBeat(std::function<void()> fn) { on_beat_ = std::move(fn); }
   // Sends a bye to the watched peers, ends the thread, closes the sockets. Idempotent.
   void stop();
   // Ranks found failed so far (sorted).
@@ -112,6 +116,7 @@ class KeepAlive {
   std::vector<int> watch_;
   std::function<std::string(int)> describe_;
   OnFailure cb_;
+  std::function<void()> on_beat_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> probe_{false};

@@ -191,6 +191,30 @@ def test_a_broadcast_root_runs_at_most_the_check_window_ahead(tr, window):
         assert got == [[7.0, 7.0]] * (window + 2), got
 
 
+def _idle_receiver(rank, size, calls, idle_s):
+    """The root broadcasts `calls` times and destroys; the receivers take the broadcasts, stay idle
+    `idle_s` seconds (no HARP call), then destroy. Returns the root's seconds in destroy()."""
+    comm = harp.init(timeout=60)
+    x = np.full(3, rank + 1, np.float32)
+    for _ in range(calls):
+        comm.broadcast(x, root=0)
+        assert x.tolist() == [1.0] * 3, x
+    if rank != 0:
+        time.sleep(idle_s)
+    t0 = time.monotonic()
+    comm.destroy()
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("tr", TRANSPORTS)
+def test_a_root_destroy_does_not_wait_for_an_idle_receiver(tr):
+    """Receivers' deferred descriptors are lazy sends (tcp: MSG_MORE, held in the kernel until the
+    lane's next push: the peer's next segment, a wait, or the keep-alive's flush within 0.5 s): the
+    root's destroy() completes its checks without waiting for the receivers' destroy 8 s later."""
+    res = run_ranks(3, _idle_receiver, 5, 8.0, env=_env(tr), timeout=120)
+    assert res[0] < 4.0, res
+
+
 def _many_rooted(rank, size, iters):
     comm = harp.init(timeout=60)
     wrong = []

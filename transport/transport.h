@@ -64,6 +64,11 @@ struct Request {
   std::string error;       // human text for kPeerFailure / kLocal
   uint64_t peer_tag = 0;   // kMismatch: what the sender tagged
   uint64_t peer_len = 0;   // kMismatch: how long the sender's message was
+  // Send only: the sender waits for nobody on this message and it need not
+  // leave now; a transport may hold it (with the pair's later messages, in
+  // order) until Transport::flush(), its next unhinted send on that pair, or
+  // a short while (tcp: MSG_MORE). A hint: a transport may ignore it.
+  bool lazy = false;
 
   // Transport-private progress state.
   size_t offset = 0;
@@ -132,6 +137,11 @@ class Transport {
 
   // Block up to timeout_ms until progress() may have something to do.
   virtual void wait(int timeout_ms) = 0;
+
+  // Send now what lazy sends (Request::lazy) left held. Called before the
+  // executing thread blocks or yields, and from the keep-alive thread (any
+  // thread; must not block). The default holds nothing.
+  virtual void flush() {}
 
   // Tell every connected peer this communicator is broken (best effort, never
   // blocks long), then fail all pending requests with `why`. Any thread.

@@ -242,9 +242,29 @@ bool TcpTransport::progress() {
   return moved;
 }
 
+// Push what lazy sends left in the kernel: setting TCP_NODELAY (already set)
+// pushes a socket's pending frames (tcp(7)).
+void TcpTransport::flushLocked() {
+  if (!any_corked_.exchange(false, std::memory_order_relaxed)) return;
+  const int one = 1;
+  for (auto& [peer, p] : pairs_)
+    for (auto& l : p->lanes_)
+      if (l.corked_n && l.fd >= 0) {
+        setsockopt(l.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        l.corked_n = 0;
+      }
+}
+
+void TcpTransport::flush() {
+  if (!any_corked_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> drive(drive_mu_);
+  flushLocked();
+}
+
 void TcpTransport::wait(int timeout_ms) {
   std::lock_guard<std::mutex> drive(drive_mu_);
   if (abort_requested_.load()) doAbort();
+  flushLocked();  // about to block: nothing this rank sent may wait on it
   std::vector<pollfd> pfds;
   std::vector<std::pair<TcpPair*, size_t>> who;
   pfds.push_back({wake_fd_, POLLIN, 0});

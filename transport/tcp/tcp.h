@@ -36,6 +36,8 @@ namespace harp::transport::tcp {
 using tcpwire::FrameHeader;
 
 // One TCP connection of a pair.
+constexpr int kMaxCorked = 16;  // lazy sends a lane holds back before one is pushed
+
 struct Lane {
   int fd = -1;
   // Send side: the piece this lane is writing (sreq == nullptr: none).
@@ -45,6 +47,7 @@ struct Lane {
   const char* sdata = nullptr;
   size_t slen = 0, sdone = 0;
   bool committed = false;  // the kernel took a byte of this piece
+  int corked_n = 0;        // lazy sends left in the kernel unpushed (MSG_MORE) since the last push
   // Receive side: the frame being read.
   FrameHeader rhdr{};
   size_t rhdr_have = 0;
@@ -144,6 +147,7 @@ class TcpTransport : public Transport {
   }
   bool progress() override;
   void wait(int timeout_ms) override;
+  void flush() override;
   void abort(const std::string& why) override;
   std::string abortNotice() override;
 
@@ -170,6 +174,11 @@ class TcpTransport : public Transport {
   SockAddr listen_addr_;
   std::vector<SockAddr> rails_;  // HARP_SOCKET_IFNAME with several interfaces: one address per NIC
   int wake_fd_ = -1;
+  // Lazy sends (Request::lazy) went out with MSG_MORE: their bytes sit in the
+  // kernel until a push (an unhinted send on the lane, flush(), or the peer's
+  // next ACK). Set under drive_mu_; flush() reads it first.
+  std::atomic<bool> any_corked_{false};
+  void flushLocked();
   std::map<int, std::unique_ptr<TcpPair>> pairs_;
   std::mutex abort_mu_;
   std::atomic<bool> abort_requested_{false};
