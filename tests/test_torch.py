@@ -221,6 +221,18 @@ def test_torch_own_timeout_tests_with_harp_in_gloos_place(tmp_path):
             assert secs < 30, f"rank {rank} {name} took {secs:.1f} s"
 
 
+def test_torch_subgroup_tests_at_four_ranks_with_harp_in_gloos_place(tmp_path):
+    """torch's test_new_subgroups_with_group_param: new_subgroups(group_size=1, group=sub) under
+    subgroups [0,2] and [1,3] gives groups that torch names alike ([0] and [1] both '4'); harp keeps
+    groups with different members apart (their global ranks are in the store prefix)."""
+    pytest.importorskip("expecttest")
+    names = ["test_new_subgroups_with_group_param"]
+    res = run_ranks(4, tc.torch_suite, _url(tmp_path), str(tmp_path), names, timeout=200)
+    for rank, out in enumerate(res):
+        for name in names:
+            assert out[name][0] == "ok", f"rank {rank} {name}: {out[name][0]}"
+
+
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")

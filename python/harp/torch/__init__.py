@@ -83,7 +83,8 @@ def _create(dist_opts, backend_options=None):
     timeout, name = dist_opts.timeout, str(dist_opts.group_id)
     ranks = list(dist_opts.global_ranks_in_group)
     others = _other_backends(store, rank, size, timeout, name, ranks)
-    return ProcessGroupHarp(store, rank, size, timeout=timeout, group_name=name, other_backends=others)
+    return ProcessGroupHarp(store, rank, size, timeout=timeout, group_name=name, other_backends=others,
+                            members=ranks)
 
 
 def register():

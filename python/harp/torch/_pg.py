@@ -26,6 +26,7 @@ calling thread; async works complete on Completer threads (see _work.py).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import threading
 import time
@@ -64,6 +65,13 @@ def _secs(td) -> float:
     return -1.0 if s < 0 else max(s, _ZERO_S)
 
 
+def _members_key(members) -> str:
+    """Store-prefix part naming a group's members (global ranks): "" for none given (the world)."""
+    if not members:
+        return ""
+    return hashlib.sha256(",".join(str(int(r)) for r in members).encode()).hexdigest()[:16] + "/"
+
+
 def _same_split(sizes):
     return all(s == sizes[0] for s in sizes)
 
@@ -94,7 +102,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
     """torch.distributed process group whose collectives run on HARP."""
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | None = None,
-                 group_name: str = "", other_backends=None):
+                 group_name: str = "", other_backends=None, members=None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._store = store
@@ -105,11 +113,15 @@ class ProcessGroupHarp(dist.ProcessGroup):
         self._closed = False
         hs = TorchStore(store)
         t = None if self._timeout < 0 else self._timeout
+        # torch names groups by a counter, so groups with different members can get one name (and one
+        # store prefix): new_subgroups(group_size=1, group=sub) under [0,2] and [1,3] names [0] and [1]
+        # alike. The members' global ranks keep their rendezvous apart.
+        mid = _members_key(members)
         try:
-            self._coll = Communicator.from_store(hs, rank, size, prefix="harp/c/", timeout=t)
+            self._coll = Communicator.from_store(hs, rank, size, prefix=f"harp/c/{mid}", timeout=t)
             if size > 1:
-                self._up = Communicator.from_store(hs, rank, size, prefix="harp/up/", timeout=t)
-                self._down = Communicator.from_store(hs, rank, size, prefix="harp/down/", timeout=t)
+                self._up = Communicator.from_store(hs, rank, size, prefix=f"harp/up/{mid}", timeout=t)
+                self._down = Communicator.from_store(hs, rank, size, prefix=f"harp/down/{mid}", timeout=t)
             else:
                 self._up = self._down = None
         except HarpError as e:
