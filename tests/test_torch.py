@@ -67,6 +67,15 @@ def test_fsdp_fully_shard_cpu(nranks, tmp_path):
     assert all(d < 1e-5 for d in diffs), diffs
 
 
+def test_hsdp_on_a_two_by_two_mesh_matches_the_reference(tmp_path):
+    """HSDP (fully_shard over a 2 x 2 DeviceMesh, replicate x shard) trains on harp subgroups."""
+    res = run_ranks(4, tc.hsdp_train, _url(tmp_path), timeout=400)
+    for diff, moved, backend in res:
+        assert backend == "harp", backend
+        assert moved > 1e-3, "training did not move the parameters"
+        assert diff < 1e-5, res
+
+
 def test_subgroups_destroy_and_reinit(tmp_path):
     res = run_ranks(3, tc.groups, _url(tmp_path), timeout=200)
     bad = [b for r in res for b in r]

@@ -694,3 +694,38 @@ def threads_fit(rank, size, url, threads, one_core, env):
     n = torch.get_num_threads()
     dist.destroy_process_group()
     return n
+
+
+def hsdp_train(rank, size, url):
+    """HSDP: fully_shard over a 2 x (size/2) DeviceMesh (replicate x shard) on harp subgroups; the
+    parameters after training equal a local full-batch reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, size, url)
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("replicate", "shard"))
+    model = _model(1)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = _model(1)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = _data(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        ropt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(ref(_data(r, step)[0]), _data(r, step)[1]) for r in range(size)) / size
+        loss.backward()
+        ropt.step()
+    diff, moved = 0.0, 0.0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        diff = max(diff, (full.detach() - q.detach()).abs().max().item())
+    moved = max((a.detach() - b.detach()).abs().max().item() for a, b in zip(ref.parameters(), _model(1).parameters()))
+    backend = dist.get_backend(mesh.get_group("shard"))
+    dist.destroy_process_group()
+    return diff, moved, backend
