@@ -851,7 +851,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     if (e.kind() == Error::kInvalidArgument) throw;
     // An earlier call's deferred check that shows a disagreement explains this
     // failure (e.g. a peer's abort reached a shm allreduce's own wait first).
-    const bool named = std::strstr(e.what(), "'s earlier call #") != nullptr;  // thrown by the check itself
+    const bool named = dynamic_cast<const DeferredCheckError*>(&e) != nullptr;  // thrown by the check itself
     const std::string earlier = live && !named ? live->deferredFinding() : std::string();
     if (!earlier.empty()) {
       std::string why = earlier + "; " + e.what();

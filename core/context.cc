@@ -348,7 +348,7 @@ bool Context::compareDeferred(DeferredCheck& dc, bool partial) {
   }
   const std::string call = "call #" + std::to_string(dc.mine.seq) + " (" + describe(dc.mine) + ")";
   if (!who.empty())
-    throw Error(Error::kMismatch, "collective mismatch in rank " + std::to_string(rank_) + "'s earlier " + call +
+    throw DeferredCheckError(Error::kMismatch, "collective mismatch in rank " + std::to_string(rank_) + "'s earlier " + call +
                                       ", found at a later call: rank(s) " + who + " disagreed" + what +
                                       " (rank " + std::to_string(rank_) +
                                       (dc.received ? "'s data in that call agreed with its call, so it compares "
@@ -357,7 +357,7 @@ bool Context::compareDeferred(DeferredCheck& dc, bool partial) {
                                       " at its later calls on the communicator, by HARP_CHECK_WINDOW calls or "
                                       "at destroy())");
   if (partial && !all) return false;  // nothing found yet among those that came
-  throw Error(kind, "the descriptor check of rank " + std::to_string(rank_) + "'s earlier " + call +
+  throw DeferredCheckError(kind, "the descriptor check of rank " + std::to_string(rank_) + "'s earlier " + call +
                         " failed: " + failure);
 }
 
@@ -389,8 +389,8 @@ std::string Context::deferredFinding() {
     compareChecks();
     for (int i = 0; i < settle_n_; ++i)
       compareDeferred(res_.deferred[(res_.deferred_head + i) % res_.deferred.size()], true);
-  } catch (const Error& e) {
-    if (e.kind() == Error::kMismatch && std::strstr(e.what(), "earlier call")) return e.what();
+  } catch (const DeferredCheckError& e) {
+    if (e.kind() == Error::kMismatch) return e.what();
   } catch (const std::exception&) {
   }
   return "";

@@ -62,6 +62,15 @@ namespace harp {
 
 using transport::Request;
 
+// What an earlier call's deferred descriptor check found (a disagreement:
+// kMismatch; or that call's failure), raised at a later call or destroy():
+// its text names "rank r's earlier call #k". The communicator tells it from
+// the later call's own failures by type, not by its words.
+class DeferredCheckError : public Error {
+ public:
+  using Error::Error;
+};
+
 class Context {
  public:
   Context(CommResources& res, int rank, int size, const CollArgs& args, uint64_t tag, double timeout_s);
