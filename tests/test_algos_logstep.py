@@ -2,10 +2,10 @@
 
 allgather `bruck` (any p), `recursive_doubling` (2^k ranks, fallback bruck) and
 reduce_scatter `recursive_halving` (any p: non-powers of two fold the extra ranks),
-`bruck` (any p), checked against numpy for p in {2,3,4,5,7,8}, tcp and shm, out
+`bruck` (any p), checked against numpy for p in 1..9, tcp and shm, out
 of place, in place (NCCL's rule), sendbuf inside recvbuf elsewhere, count 0 and
-odd counts; every dtype and op at every p (about 20 s in all on a 2-core
-machine), plus one large odd count (float32) per p. The reduce-scatter input
+odd counts; every dtype and op at every p, plus one large odd count (float32),
+also cut into slices (the Bruck algorithms' bounded scratch, HARP_SEGMENT_BYTES=4096). The reduce-scatter input
 must come back unmodified (but for the output block, in place).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from harness import run_ranks
 
 AG_ALGOS = ["bruck", "recursive_doubling"]
 RS_ALGOS = ["bruck", "recursive_halving"]
-RANKS = [2, 3, 4, 5, 7, 8]
+RANKS = [2, 3, 4, 5, 6, 7, 8, 9]
 SIZES = (0, 1, 7, 1031)
 LARGE = 100003  # odd, ~400 KB of float32 per block: several segments, blocking waits
 
@@ -112,12 +112,21 @@ def test_allgather_logstep(p, transport):
     _assert_clean(res)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport,segment", [("tcp", None), ("shm", None), ("tcp", "4096"), ("shm", "4096")])
 @pytest.mark.parametrize("p", [3, 4, 7, 8])
-def test_large_odd_count(p, transport):
-    env = {"HARP_TRANSPORT": transport}
+def test_large_odd_count(p, transport, segment):
+    # HARP_SEGMENT_BYTES=4096: the Bruck scratch is bounded at 64 KiB, so these blocks (400 KB)
+    # and, in the dtype matrix below, 1031 int64/float64 elements at 8 ranks go in slices.
+    env = {"HARP_TRANSPORT": transport} | ({"HARP_SEGMENT_BYTES": segment} if segment else {})
     _assert_clean(run_ranks(p, _check_allgather, AG_ALGOS, True, env=env, timeout=120))
     _assert_clean(run_ranks(p, _check_reduce_scatter, RS_ALGOS, True, env=env, timeout=120))
+
+
+@pytest.mark.parametrize("p", [5, 8])
+def test_dtype_matrix_in_slices(p):
+    env = {"HARP_TRANSPORT": "shm", "HARP_SEGMENT_BYTES": "4096"}
+    _assert_clean(run_ranks(p, _check_allgather, ["bruck"], env=env, timeout=120))
+    _assert_clean(run_ranks(p, _check_reduce_scatter, ["bruck"], env=env, timeout=120))
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])

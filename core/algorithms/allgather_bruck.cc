@@ -7,9 +7,18 @@
 // p of recvbuf. recvbuf is written only then, so every aliasing of sendbuf and
 // recvbuf works (in place when sendbuf == recvbuf + r·count, NCCL's rule, or
 // anywhere else inside recvbuf).
-// Any p, any count. Scratch: p blocks. Log steps: for small blocks and many
-// ranks, where the ring's p-1 latencies dominate; same bytes as the ring.
-// Cost: ceil(log2 p)·alpha + (p-1)·count·beta (+ p·count local copy, not costed).
+// Scratch is bounded: where p blocks exceed 16·HARP_SEGMENT_BYTES (8 MiB by
+// default) the blocks are cut into slices of as many elements as fit and the
+// whole algorithm runs once per slice (more steps, for large blocks only,
+// where the ring is the table's pick anyway); a sendbuf inside recvbuf other
+// than at block r is then staged whole first, since recvbuf is written slice
+// by slice.
+// Any p, any count. Log steps: for small blocks and many ranks, where the
+// ring's p-1 latencies dominate; same bytes as the ring.
+// Cost: ceil(log2 p)·alpha + (p-1)·count·beta (+ p·count local copy, not costed;
+// one slice assumed).
+#include <algorithm>
+
 #include "core/algorithms/registry.h"
 
 namespace harp {
@@ -17,21 +26,35 @@ namespace harp {
 void allgatherBruck(Context& ctx) {
   const CollArgs& a = ctx.args();
   const int p = ctx.size(), r = ctx.rank();
-  const size_t blk = a.count * ctx.elemSize();
+  const size_t es = ctx.elemSize(), blk = a.count * es;
   char* out = static_cast<char*>(a.recvbuf);
   const char* in = static_cast<const char*>(a.sendbuf);
   if (blk == 0) return;
   if (p == 1) return copyBytes(out, in, blk);
-  char* rot = static_cast<char*>(ctx.scratch(static_cast<size_t>(p) * blk));
-  copyBytes(rot, in, blk);
-  for (int d = 1; d < p; d *= 2) {
-    const int c = std::min(d, p - d);
-    const int to = (r - d + p) % p, from = (r + d) % p;
-    ctx.sendrecv(to, rot, c * blk, from, rot + d * blk, c * blk);
+  const size_t budget = 16 * ctx.segmentBytes();
+  const size_t slice = p * blk <= budget ? a.count : std::max<size_t>(1, budget / (p * es));
+  const bool stage = slice < a.count && aliasesOtherBlock(in, out, r, p, blk);
+  char* rot = static_cast<char*>(ctx.scratch(p * slice * es + (stage ? blk : 0)));
+  if (stage) {
+    copyBytes(rot + p * slice * es, in, blk);
+    in = rot + p * slice * es;
   }
-  // Rotate into place: R[0, p-r) -> blocks r..p-1, R[p-r, p) -> blocks 0..r-1.
-  copyBytes(out + r * blk, rot, (p - r) * blk);
-  copyBytes(out, rot + (p - r) * blk, r * blk);
+  for (size_t s0 = 0; s0 < a.count; s0 += slice) {
+    const size_t b = std::min(slice, a.count - s0) * es, at = s0 * es;
+    copyBytes(rot, in + at, b);
+    for (int d = 1; d < p; d *= 2) {
+      const int c = std::min(d, p - d);
+      const int to = (r - d + p) % p, from = (r + d) % p;
+      ctx.sendrecv(to, rot, c * b, from, rot + d * b, c * b);
+    }
+    // Rotate into place: R[i] -> block (r+i) mod p.
+    if (b == blk) {
+      copyBytes(out + r * blk, rot, (p - r) * blk);
+      copyBytes(out, rot + (p - r) * blk, r * blk);
+    } else {
+      for (int i = 0; i < p; ++i) copyBytes(out + ((r + i) % p) * blk + at, rot + i * b, b);
+    }
+  }
 }
 
 namespace {

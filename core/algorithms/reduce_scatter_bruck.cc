@@ -16,11 +16,17 @@
 // fold's 2 extra latencies and p·count extra bytes).
 //
 // Buffers: R (p blocks) plus one receive buffer of at most p/2 blocks; not
-// PAT's log-sized staging (which sends block by block over more steps).
+// PAT's log-sized staging (which sends block by block over more steps). They
+// are bounded instead: where 1.5·p blocks exceed 16·HARP_SEGMENT_BYTES (8 MiB
+// by default) the blocks are cut into slices of as many elements as fit and
+// the whole algorithm runs once per slice (more steps, large blocks only).
 // Restriction: commutative op (the order of reduction differs per block;
 // every HARP op is commutative today); fallback "ring". Any count; in place
 // when recvbuf == sendbuf + r·count; the input is never modified.
-// Cost: ceil(log2 p)·alpha + (p-1)·count·(beta + gamma) (+ the p-block rotation copy).
+// Cost: ceil(log2 p)·alpha + (p-1)·count·(beta + gamma) (+ the p-block rotation copy;
+// one slice assumed).
+#include <algorithm>
+
 #include "core/algorithms/registry.h"
 #include "core/base/reduce.h"
 
@@ -29,21 +35,31 @@ namespace harp {
 void reduceScatterBruck(Context& ctx) {
   const CollArgs& a = ctx.args();
   const int p = ctx.size(), r = ctx.rank();
-  const size_t blk = a.count * ctx.elemSize();
+  const size_t es = ctx.elemSize(), blk = a.count * es;
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
   if (p == 1 || blk == 0) return copyBytes(out, in + r * blk, blk);
   int top = 1;
   while (top * 2 < p) top *= 2;  // 2^(K-1)
-  char* rot = static_cast<char*>(ctx.scratch((p + p / 2) * blk));
-  char* tmp = rot + p * blk;
-  // R[i] = block (r+i) mod p: blocks r..p-1, then 0..r-1.
-  copyBytes(rot, in + r * blk, (p - r) * blk);
-  copyBytes(rot + (p - r) * blk, in, r * blk);
-  for (int d = top; d >= 1; d /= 2) {
-    const int c = std::min(d, p - d);
-    ctx.sendrecv((r + d) % p, rot + d * blk, c * blk, (r - d + p) % p, tmp, c * blk);
-    reduce(d == 1 ? out : rot, rot, tmp, c * a.count, a.dtype, a.op);
+  const size_t room = static_cast<size_t>(p + p / 2), budget = 16 * ctx.segmentBytes();
+  const size_t slice = room * blk <= budget ? a.count : std::max<size_t>(1, budget / (room * es));
+  char* rot = static_cast<char*>(ctx.scratch(room * slice * es));
+  char* tmp = rot + p * slice * es;
+  for (size_t s0 = 0; s0 < a.count; s0 += slice) {
+    const size_t n = std::min(slice, a.count - s0), b = n * es, at = s0 * es;
+    // R[i] = this slice of block (r+i) mod p (in place: block r's slice is read here, before
+    // the slice's result overwrites it).
+    if (b == blk) {
+      copyBytes(rot, in + r * blk, (p - r) * blk);
+      copyBytes(rot + (p - r) * blk, in, r * blk);
+    } else {
+      for (int i = 0; i < p; ++i) copyBytes(rot + i * b, in + ((r + i) % p) * blk + at, b);
+    }
+    for (int d = top; d >= 1; d /= 2) {
+      const int c = std::min(d, p - d);
+      ctx.sendrecv((r + d) % p, rot + d * b, c * b, (r - d + p) % p, tmp, c * b);
+      reduce(d == 1 ? out + at : rot, rot, tmp, c * n, a.dtype, a.op);
+    }
   }
 }
 
