@@ -23,8 +23,9 @@
 // Restriction: commutative op (the order of reduction differs per block;
 // every HARP op is commutative today); fallback "ring". Any count; in place
 // when recvbuf == sendbuf + r·count; the input is never modified.
-// Cost: ceil(log2 p)·alpha + (p-1)·count·(beta + gamma) (+ the p-block rotation copy;
-// one slice assumed).
+// Cost: ceil(log2 p)·alpha + (p-1)·count·(beta + gamma) + p·count·gamma (the
+// p-block rotation copy, costed at the per-byte reduction time, the nearest
+// local-memory figure TransportParams has). One slice assumed.
 #include <algorithm>
 
 #include "core/algorithms/registry.h"
@@ -65,7 +66,7 @@ void reduceScatterBruck(Context& ctx) {
 
 namespace {
 double bruckCost(double n, int p, const TransportParams& t) {
-  return ceilLog2(p) * t.alpha + (p - 1) * n * (t.beta + t.gamma);
+  return ceilLog2(p) * t.alpha + (p - 1) * n * (t.beta + t.gamma) + p * n * t.gamma;
 }
 }  // namespace
 
