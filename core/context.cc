@@ -155,8 +155,6 @@ void Context::waitAll(const std::vector<Request*>& rs) {
     }
     ++idle;
     if (idle < kSpin) continue;
-    if (idle == kSpin)  // about to yield: what lazy sends held goes now (a peer may wait on it)
-      for (auto& t : transports) t->flush();
     if (idle < 2 * kSpin) {
       sched_yield();
       continue;
@@ -258,7 +256,10 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
     }
   // A deferred check's descriptors are lazy sends (transport.h): nobody waits
   // for them in this call, so a transport may carry several calls' at once
-  // (tcp: MSG_MORE); waitAll and wait() flush before this rank blocks.
+  // (tcp: corked, up to kMaxLazyHeld per connection, pushed by a wait longer
+  // than 1 ms and by the keep-alive's beat). Only with a window of at least
+  // twice that: the root's call k+window needs call k's, and receivers that
+  // keep up with it have pushed them by then without waiting.
   check_sends_.clear();
   if (!(from && rank_ == root))
     for (int q = 0; q < size_; ++q) {
@@ -268,7 +269,7 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
       r.len = sizeof(Descriptor);
       r.tag = tag;
       r.peer = q;
-      r.lazy = dc != nullptr;
+      r.lazy = dc != nullptr && res_.check_window >= 2 * transport::kMaxLazyHeld;
       res_.pair_of[q]->isend(&r);
       check_sends_.push_back(&r);
     }

@@ -50,6 +50,8 @@ namespace harp::transport {
 
 // One posted send or receive. Owned by the caller, who keeps it (and the
 // buffer) alive until done() is true. Transports may use the private fields.
+constexpr int kMaxLazyHeld = 4;  // Request::lazy: sends a transport holds per connection at most
+
 struct Request {
   enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
   enum Failure : int { kNone = 0, kMismatch = 1, kPeerFailure = 2, kLocal = 3 };
@@ -66,8 +68,9 @@ struct Request {
   uint64_t peer_len = 0;   // kMismatch: how long the sender's message was
   // Send only: the sender waits for nobody on this message and it need not
   // leave now; a transport may hold it (with the pair's later messages, in
-  // order) until Transport::flush(), its next unhinted send on that pair, or
-  // a short while (tcp: MSG_MORE). A hint: a transport may ignore it.
+  // order) until Transport::flush(), its next unhinted send on that pair, a
+  // wait() that lasts over a millisecond, or kMaxLazyHeld lazy sends on one
+  // connection (tcp: TCP_CORK). A hint: a transport may ignore it.
   bool lazy = false;
 
   // Transport-private progress state.

@@ -246,11 +246,11 @@ bool TcpTransport::progress() {
 // pushes a socket's pending frames (tcp(7)).
 void TcpTransport::flushLocked() {
   if (!any_corked_.exchange(false, std::memory_order_relaxed)) return;
-  const int one = 1;
+  const int zero = 0;
   for (auto& [peer, p] : pairs_)
     for (auto& l : p->lanes_)
       if (l.corked_n && l.fd >= 0) {
-        setsockopt(l.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
         l.corked_n = 0;
       }
 }
@@ -264,7 +264,6 @@ void TcpTransport::flush() {
 void TcpTransport::wait(int timeout_ms) {
   std::lock_guard<std::mutex> drive(drive_mu_);
   if (abort_requested_.load()) doAbort();
-  flushLocked();  // about to block: nothing this rank sent may wait on it
   std::vector<pollfd> pfds;
   std::vector<std::pair<TcpPair*, size_t>> who;
   pfds.push_back({wake_fd_, POLLIN, 0});
@@ -278,7 +277,13 @@ void TcpTransport::wait(int timeout_ms) {
       who.push_back({p.get(), i});
     }
   }
-  int r = ::poll(pfds.data(), pfds.size(), timeout_ms);
+  // Lazy sends wait while this rank waits briefly (a peer that needs them
+  // blocks longer); a wait of more than kLazyHoldMs pushes them.
+  int r = ::poll(pfds.data(), pfds.size(), any_corked_.load(std::memory_order_relaxed) ? std::min(timeout_ms, kLazyHoldMs) : timeout_ms);
+  if (r == 0 && any_corked_.load(std::memory_order_relaxed)) {
+    flushLocked();
+    if (timeout_ms > kLazyHoldMs) r = ::poll(pfds.data(), pfds.size(), timeout_ms - kLazyHoldMs);
+  }
   if (r <= 0) return;
   if (pfds[0].revents) {
     uint64_t v;

@@ -36,7 +36,8 @@ namespace harp::transport::tcp {
 using tcpwire::FrameHeader;
 
 // One TCP connection of a pair.
-constexpr int kMaxCorked = 16;  // lazy sends a lane holds back before one is pushed
+constexpr int kMaxCorked = kMaxLazyHeld;  // lazy sends a lane holds back (TCP_CORK) before one is pushed
+constexpr int kLazyHoldMs = 1;  // a wait() longer than this pushes the held lazy sends
 
 struct Lane {
   int fd = -1;
@@ -47,7 +48,7 @@ struct Lane {
   const char* sdata = nullptr;
   size_t slen = 0, sdone = 0;
   bool committed = false;  // the kernel took a byte of this piece
-  int corked_n = 0;        // lazy sends left in the kernel unpushed (MSG_MORE) since the last push
+  int corked_n = 0;        // lazy sends held by TCP_CORK since the last push (the socket is corked while > 0)
   // Receive side: the frame being read.
   FrameHeader rhdr{};
   size_t rhdr_have = 0;
@@ -174,9 +175,11 @@ class TcpTransport : public Transport {
   SockAddr listen_addr_;
   std::vector<SockAddr> rails_;  // HARP_SOCKET_IFNAME with several interfaces: one address per NIC
   int wake_fd_ = -1;
-  // Lazy sends (Request::lazy) went out with MSG_MORE: their bytes sit in the
-  // kernel until a push (an unhinted send on the lane, flush(), or the peer's
-  // next ACK). Set under drive_mu_; flush() reads it first.
+  // Lazy sends (Request::lazy) cork their lane (TCP_CORK): the kernel holds
+  // their bytes until an unhinted send, the kMaxCorked-th lazy one, flush()
+  // or a wait() of over kLazyHoldMs uncorks it (which pushes them; the kernel
+  // also pushes a corked socket after 200 ms). Set under drive_mu_; flush()
+  // reads it first.
   std::atomic<bool> any_corked_{false};
   void flushLocked();
   std::map<int, std::unique_ptr<TcpPair>> pairs_;

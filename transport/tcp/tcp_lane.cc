@@ -22,6 +22,8 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -184,11 +186,16 @@ int TcpPair::writeLane(Lane& l) {
   msghdr m{};
   m.msg_iov = iov;
   m.msg_iovlen = cnt;
-  // A lazy message (a deferred descriptor: nobody waits for it) goes with
-  // MSG_MORE, so the kernel holds it for the lane's next push instead of
-  // running the send path for 64 bytes; at most kMaxCorked in a row.
+  // A lazy message (a deferred descriptor: nobody waits for it) corks the
+  // lane, so the kernel holds it with the next ones instead of running the
+  // send path for 64 bytes (MSG_MORE would not do: the peer's next segment
+  // pushes it); the kMaxCorked-th, or any unhinted send, uncorks.
   const bool more = l.sreq->lazy && l.corked_n < kMaxCorked;
-  ssize_t w = ::sendmsg(l.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
+  if (more && l.corked_n == 0) {
+    const int one = 1;
+    setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &one, sizeof one);
+  }
+  ssize_t w = ::sendmsg(l.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (w <= 0) {
     if (w == 0) return 0;
     return ioError(w, l.sreq, true) ? 0 : -1;
@@ -196,8 +203,10 @@ int TcpPair::writeLane(Lane& l) {
   if (more) {
     ++l.corked_n;
     t_->any_corked_.store(true, std::memory_order_relaxed);
-  } else {
-    l.corked_n = 0;  // this send pushed what the kernel held
+  } else if (l.corked_n) {
+    const int zero = 0;
+    setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);  // pushes what the cork held, and this
+    l.corked_n = 0;
   }
   size_t wh = std::min<size_t>(w, sizeof(FrameHeader) - l.shdr_done);
   l.shdr_done += wh;
