@@ -218,3 +218,28 @@ def test_alltoall_disagreement_raises_on_every_rank(tr, case):
     p, counts, algos = case
     res = run_ranks(p, _disagree, "alltoall", [0] * p, counts, algos, env=transport_env(tr), timeout=30)
     _assert_every_rank_raises("alltoall", [0] * p, counts, algos, res)
+
+
+# ---------------------------------------------------------------------------- tuning
+def _pick(coll, size, ranks, transport):
+    import re
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", coll, size, "--ranks", str(ranks),
+                        "--transport", transport], capture_output=True, text=True, timeout=120)
+    m = re.search(r"^pick: (\w+) ", r.stdout, re.M)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    return m.group(1)
+
+
+def test_tuning_picks_bruck_only_where_measured():
+    """core/tuning.tsv: bruck for tcp alltoall at 8 ranks below 8 KB blocks; pairwise elsewhere; the
+    tree gather/scatter are never picked by the table (they lost on this 2-core machine)."""
+    assert _pick("alltoall", "4K", 8, "tcp") == "bruck"
+    assert _pick("alltoall", "8", 8, "tcp") == "bruck"
+    assert _pick("alltoall", "8K", 8, "tcp") == "pairwise"
+    assert _pick("alltoall", "4K", 4, "tcp") == "pairwise"
+    assert _pick("alltoall", "4K", 8, "shm") == "pairwise"
+    assert _pick("gather", "64", 8, "tcp") == "linear"
+    assert _pick("scatter", "64", 8, "tcp") == "linear"
