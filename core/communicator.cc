@@ -753,12 +753,15 @@ bool isReduction(CollType c) {
 }
 // The descriptor messages a rooted collective's data makes redundant
 // (core/context.h, CheckShape): only with an exact tag and data on this
-// communicator's own pairs (not a hierarchical algorithm's sub-communicators).
-// Reduce keeps the full exchange: its data reaches the root through a tree.
+// communicator's own pairs (not a hierarchical algorithm's sub-communicators),
+// and only the shape the algorithm declares its message pattern safe for
+// (AlgorithmSpec::root_check). Reduce and tree gathers keep the full exchange:
+// their data reaches the root through inner ranks.
 Context::CheckShape checkShape(const CollArgs& a, const Descriptor& d, const Algorithm& algo) {
   if (a.count == 0 || !tagIsExact(d.root, d.count) || algo.hier_cost) return Context::CheckShape::kAll;
-  if (a.coll == CollType::kBroadcast || a.coll == CollType::kScatter) return Context::CheckShape::kFromRoot;
-  if (a.coll == CollType::kGather) return Context::CheckShape::kToRoot;
+  if ((a.coll == CollType::kBroadcast || a.coll == CollType::kScatter) && algo.root_check == RootCheck::kFromRoot)
+    return Context::CheckShape::kFromRoot;
+  if (a.coll == CollType::kGather && algo.root_check == RootCheck::kToRoot) return Context::CheckShape::kToRoot;
   return Context::CheckShape::kAll;
 }
 // This rank does not wait for its peers' descriptors in this rooted call

@@ -20,11 +20,15 @@
 // finishCheck() compares what arrived; waitAll() compares arrivals as they
 // come, so a rank blocked on data that a disagreeing root never sends still
 // raises MismatchError. CheckShape drops the messages the data already
-// carries (exact tag, flat algorithm on this communicator's pairs):
+// carries (exact tag, flat algorithm on this communicator's pairs, and the
+// shape the algorithm declares safe for its message pattern:
+// AlgorithmSpec::root_check, core/algorithms/algorithm.h):
 //   kFromRoot (broadcast, scatter): the root sends no descriptor; a rank's
 //     data, forwarded only by ranks whose tags matched, vouches for the root.
-//   kToRoot (gather, whose leaves send straight to the root): nobody sends
-//     the root a descriptor; each leaf's data, compared there, vouches for it.
+//   kToRoot (gather, whose leaves send straight to the root: gather linear):
+//     nobody sends the root a descriptor; each leaf's data, compared there,
+//     vouches for it. A tree gather (gather binomial) keeps kAll: an inner
+//     rank waiting for a child that names another root would hang.
 // Every rank still hears (directly or through such data) from every rank in
 // the same call. Where data vouches for the root or a rank only sends data (the
 // root of a broadcast or scatter, the non-roots of a reduce or gather, and a

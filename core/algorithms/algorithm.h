@@ -56,6 +56,16 @@ struct Restrictions {
   bool uniform_hosts = false;     // every host has the same number of ranks
 };
 
+// Rooted collectives: the descriptor messages this algorithm's data makes
+// redundant (core/context.h, CheckShape; chosen in core/communicator.cc,
+// checkShape). kFull, the default and always safe: every rank sends every rank
+// its descriptor. kFromRoot (broadcast, scatter): every rank's data comes from
+// the root, forwarded only by ranks that received it with a matching tag.
+// kToRoot (gather): every non-root sends its data straight to the root (a tree
+// that forwards through inner ranks must keep kFull: an inner rank could wait
+// for a child with another idea of the root while the root hears from no one).
+enum class RootCheck : uint8_t { kFull, kFromRoot, kToRoot };
+
 struct AlgorithmSpec {
   CollType coll = CollType::kAllreduce;
   const char* name = nullptr;
@@ -68,6 +78,7 @@ struct AlgorithmSpec {
   // block-placed ranks (intra rounds on the intra line, inter rounds on the inter line with a
   // host's ranks sharing its uplink). nullptr: `cost` with the communicator's line for every round.
   HierCostFn flat_hier_cost = nullptr;
+  RootCheck root_check = RootCheck::kFull;  // rooted collectives only (above)
 };
 
 struct Algorithm : AlgorithmSpec {

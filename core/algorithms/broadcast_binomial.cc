@@ -40,6 +40,7 @@ namespace {
 double binomialCost(double n, int p, const TransportParams& t) { return ceilLog2(p) * (t.alpha + n * t.beta); }
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "binomial", .fn = broadcastBinomial, .cost = binomialCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "binomial", .fn = broadcastBinomial, .cost = binomialCost,
+                         .root_check = RootCheck::kFromRoot});
 
 }  // namespace harp

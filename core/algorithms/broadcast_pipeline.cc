@@ -46,6 +46,7 @@ double pipelineCost(double n, int p, const TransportParams& t) {
 }
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "pipeline", .fn = broadcastPipeline, .cost = pipelineCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kBroadcast, .name = "pipeline", .fn = broadcastPipeline, .cost = pipelineCost,
+                         .root_check = RootCheck::kFromRoot});
 
 }  // namespace harp

@@ -33,6 +33,7 @@ namespace {
 double linearCost(double n, int p, const TransportParams& t) { return (p - 1) * (t.alpha + n * t.beta); }
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost,
+                         .root_check = RootCheck::kFromRoot});
 
 }  // namespace harp

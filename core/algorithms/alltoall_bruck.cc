@@ -1,0 +1,83 @@
+// Alltoall, Bruck's algorithm (small blocks, many ranks): ceil(log2 p)
+// messages per rank instead of p-1, at the price of sending each block up to
+// ceil(log2 p) times. Steps, with tmp = p blocks of scratch:
+//   1. local rotation: tmp[i] = block (r + i) mod p of sendbuf (the block for
+//      rank r + i);
+//   2. for k = 0 .. ceil(log2 p)-1: pack the blocks tmp[i] whose index i has
+//      bit k set, send them to rank r + 2^k and receive as many from rank
+//      r - 2^k, unpacked into the same positions (after step k, tmp[i] holds
+//      the block from rank r - (i mod 2^(k+1)) for rank r + i - (i mod 2^(k+1)));
+//   3. inverse rotation: recvbuf block (r - i) mod p = tmp[i].
+// Any p; in place (sendbuf == recvbuf) works as is (sendbuf is read into tmp
+// before recvbuf is written); count 0 moves nothing. Scratch: (p + 2m)·n bytes,
+// m = the largest number of blocks one step sends (about p/2).
+// Cost: sum over k of (alpha + m_k·n·beta), m_k = #{0 < i < p : bit k of i}
+// (ceil(log2 p)·alpha + about (p/2)·ceil(log2 p)·n·beta), plus 2 local copies
+// of p·n bytes (rotations) and 2 of m_k·n per step (pack, unpack). Bytes sent
+// per rank: n·sum m_k (p a power of two: n·(p/2)·log2 p; pairwise: n(p-1)).
+#include <algorithm>
+
+#include "core/algorithms/registry.h"
+
+namespace harp {
+namespace {
+// Blocks 0 < i < p with bit `bit` set: runs [i, i + bit) starting at bit, 3·bit, ...
+template <typename F>
+void forRuns(int p, int bit, F f) {
+  for (int i = bit; i < p; i += 2 * bit) f(i, std::min(bit, p - i));
+}
+size_t blocksAt(int p, int bit) {
+  size_t m = 0;
+  forRuns(p, bit, [&](int, int len) { m += len; });
+  return m;
+}
+}  // namespace
+
+void alltoallBruck(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const size_t blk = a.count * ctx.elemSize();
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  if (!blk) return;
+  if (p == 1) {
+    copyBytes(out, in, blk);
+    return;
+  }
+  size_t most = 0;
+  for (int bit = 1; bit < p; bit <<= 1) most = std::max(most, blocksAt(p, bit));
+  char* tmp = static_cast<char*>(ctx.scratch((p + 2 * most) * blk));
+  char* spack = tmp + p * blk;
+  char* rpack = spack + most * blk;
+  // 1. tmp[i] = in[(r + i) mod p]
+  copyBytes(tmp, in + r * blk, (p - r) * blk);
+  copyBytes(tmp + (p - r) * blk, in, r * blk);
+  // 2. step k: the blocks with bit k set go 2^k ranks on
+  for (int bit = 1; bit < p; bit <<= 1) {
+    size_t off = 0;
+    forRuns(p, bit, [&](int i, int len) {
+      copyBytes(spack + off, tmp + i * blk, len * blk);
+      off += len * blk;
+    });
+    ctx.sendrecv((r + bit) % p, spack, off, (r - bit + p) % p, rpack, off);
+    off = 0;
+    forRuns(p, bit, [&](int i, int len) {
+      copyBytes(tmp + i * blk, rpack + off, len * blk);
+      off += len * blk;
+    });
+  }
+  // 3. out[(r - i) mod p] = tmp[i]
+  for (int i = 0; i < p; ++i) copyBytes(out + ((r - i + p) % p) * blk, tmp + i * blk, blk);
+}
+
+namespace {
+double bruckCost(double n, int p, const TransportParams& t) {
+  double c = 0;
+  for (int bit = 1; bit < p; bit <<= 1) c += t.alpha + static_cast<double>(blocksAt(p, bit)) * n * t.beta;
+  return c;
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "bruck", .fn = alltoallBruck, .cost = bruckCost});
+
+}  // namespace harp
