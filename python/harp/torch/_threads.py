@@ -37,7 +37,7 @@ import torch
 from .. import _harp, _params
 from ..errors import InvalidArgumentError
 
-_done = False
+_done_pid = None  # the process that applied it: a forked child (harness ranks, fork-started workers) applies it anew
 
 
 def _cores() -> int:
@@ -71,10 +71,10 @@ def choose(setting: str, threads: int, local: int, cores: int, environ) -> tuple
 
 def fit_threads(comm, environ=None) -> int:
     """Apply HARP_TORCH_THREADS once per process; the thread count torch now uses."""
-    global _done
-    if _done:
+    global _done_pid
+    if _done_pid == os.getpid():
         return torch.get_num_threads()
-    _done = True
+    _done_pid = os.getpid()
     environ = os.environ if environ is None else environ
     setting = _params.get("HARP_TORCH_THREADS", environ)
     t = _harp.topology(getattr(comm, "_c", comm))
