@@ -126,3 +126,22 @@ def test_uneven_hosts_leader_runs_itself():
     res = run_ranks(4, _picks, hosts_env([3, 1]), {"HARP_ALGO": "allgather:leader,reduce_scatter:leader"},
                     timeout=120)
     assert all(r == {1: ("leader", "leader"), 1001: ("leader", "leader")} for r in res), res
+
+
+def _explain_pick(coll, size, ppn):
+    """In-process harp-config --explain (the same C++ selector); ppn: ranks per host."""
+    import re
+    from harp.config import explain
+    out = "\n".join(explain(coll, size, sum(ppn), "mixed", ppn=ppn))
+    return re.search(r"^pick: (\w+) ", out, re.M).group(1)
+
+
+def test_runtime_pick_on_fake_hosts_equals_explain_and_is_right():
+    """No override: whatever the selector picks on 2x2 (the model prefers leader for small blocks),
+    every rank picks alike, it equals --explain's pick, and _picks checked the results."""
+    res = run_ranks(4, _picks, hosts_env([2, 2]), {}, timeout=120)
+    assert all(r == res[0] for r in res), res
+    for n in (1, 1001):
+        ag, rs = res[0][n]
+        assert ag == _explain_pick("allgather", str(4 * n), [2, 2]), (n, ag)
+        assert rs == _explain_pick("reduce_scatter", str(8 * n), [2, 2]), (n, rs)
