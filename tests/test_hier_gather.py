@@ -9,7 +9,9 @@ What is checked, against sources independent of the thing checked:
   reduce_scatter's input untouched;
 - restrictions: on one host, or one rank per host, the algorithm asked for (HARP_ALGO, which the
   selector's memo records) runs its declared fallback, ring, and the result is right; on uneven
-  hosts the leader runs itself.
+  hosts the leader runs itself; with no override the runtime pick on 2x2 equals --explain's;
+- async calls (the legs run from the communicator's worker thread) give the same results;
+- a dead rank (host 1's leader or non-leader) makes every other rank raise, not hang.
 """
 import os
 
@@ -76,6 +78,13 @@ def _check(rank, size, ids, sizes, dtypes, all_ops):
     x = np.tile(np.arange(n, dtype=np.int64), p) * (rank + 1)
     rs = comm.reduce_scatter(x, None, "sum", algo="leader")
     ok = ok and np.array_equal(rs, np.arange(n, dtype=np.int64) * (p * (p + 1) // 2))
+    # async: the legs run on the worker thread
+    g = np.empty((p, 1031), np.int32)
+    w1 = comm.allgather(np.full(1031, rank, np.int32), g, async_op=True, algo="leader")
+    w2 = comm.reduce_scatter(np.full(1031 * p, rank + 1, np.int32), None, "max", async_op=True, algo="leader")
+    w1.wait()
+    ok = ok and all((g[r] == r).all() for r in range(p))
+    ok = ok and np.array_equal(w2.wait(), np.full(1031, p, np.int32))
     comm.destroy()
     return ch.failures, ch.calls, ok
 
@@ -145,3 +154,37 @@ def test_runtime_pick_on_fake_hosts_equals_explain_and_is_right():
         ag, rs = res[0][n]
         assert ag == _explain_pick("allgather", str(4 * n), [2, 2]), (n, ag)
         assert rs == _explain_pick("reduce_scatter", str(8 * n), [2, 2]), (n, rs)
+
+
+def _dies(rank, size, ids, coll, victim):
+    comm = init_as(rank, ids)
+    n = 1 << 14
+
+    def call():
+        if coll == "allgather":
+            comm.allgather(np.ones(n, np.float32), algo="leader")
+        else:
+            comm.reduce_scatter(np.ones(n * size, np.float32), None, "sum", algo="leader")
+    call()  # the sub-communicators exist now
+    comm.barrier()
+    if rank == victim:
+        os._exit(3)
+    try:
+        for _ in range(3):
+            call()
+    except harp.HarpError as e:
+        return type(e).__name__, str(e)[:300]
+    return "no error", ""
+
+
+@pytest.mark.parametrize("victim", [3, 2], ids=["non-leader", "leader"])
+@pytest.mark.parametrize("coll", ["allgather", "reduce_scatter"])
+def test_a_dead_rank_raises_on_every_rank_not_a_hang(coll, victim):
+    """A rank of 2x2 (host 1's non-leader 3 or its leader 2) exits after the legs exist; the others
+    raise a HARP error well before HARP_TIMEOUT (the harness would report a hang)."""
+    res = run_ranks(4, _dies, hosts_env([2, 2]), coll, victim, env={"HARP_TIMEOUT": "600"}, timeout=150,
+                    allow_errors=True)
+    assert res[victim][0] == "died"
+    for rank in (r for r in range(4) if r != victim):
+        status, (kind, msg) = res[rank]
+        assert status == "ok" and kind in ("PeerError", "MismatchError"), (rank, kind, msg)
