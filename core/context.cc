@@ -88,12 +88,13 @@ Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(
 
 Request* Context::irecv(int peer, void* buf, size_t bytes) { return irecv(peer, buf, bytes, tag_); }
 
-Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag) {
+Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag, bool lazy) {
   Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
   r.buf = const_cast<void*>(buf);
   r.len = bytes;
   r.tag = tag;
   r.peer = peer;
+  r.lazy = lazy;
   res_.pair_of[peer]->isend(&r);
   return &r;
 }
@@ -261,18 +262,10 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
   // twice that: the root's call k+window needs call k's, and receivers that
   // keep up with it have pushed them by then without waiting.
   check_sends_.clear();
+  const bool lazy = dc != nullptr && res_.check_window >= 2 * transport::kMaxLazyHeld;
   if (!(from && rank_ == root))
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_ || (to && q == root)) continue;
-      Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
-      r.buf = const_cast<Descriptor*>(&mine);
-      r.len = sizeof(Descriptor);
-      r.tag = tag;
-      r.peer = q;
-      r.lazy = dc != nullptr && res_.check_window >= 2 * transport::kMaxLazyHeld;
-      res_.pair_of[q]->isend(&r);
-      check_sends_.push_back(&r);
-    }
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !(to && q == root)) check_sends_.push_back(isend(q, &mine, sizeof(Descriptor), tag, lazy));
 }
 
 // Compare the peers' descriptors that have arrived, in order.

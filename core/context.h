@@ -96,7 +96,8 @@ class Context {
   Request* irecv(int peer, void* buf, size_t bytes);
   // The same with an explicit message tag instead of the collective's (p2p_batch:
   // each message carries the tag a single send/recv of its size would).
-  Request* isend(int peer, const void* buf, size_t bytes, uint64_t tag);
+  // lazy: Request::lazy (transport.h), for messages nobody waits for in this call.
+  Request* isend(int peer, const void* buf, size_t bytes, uint64_t tag, bool lazy = false);
   Request* irecv(int peer, void* buf, size_t bytes, uint64_t tag);
   void wait(Request* r);
   void waitAll(std::initializer_list<Request*> rs);

@@ -7,6 +7,8 @@ right). Shared by the TCP tests and the other transports' tests.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import harp
@@ -25,6 +27,18 @@ DTYPES = [np.dtype(d) for d in DTYPES]
 FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)} | ({BF16} if BF16 is not None else set())
 ARITH_OPS = ["sum", "prod", "min", "max", "avg"]
 BIT_OPS = ["band", "bor", "bxor"]
+
+
+def hosts_env(layout):
+    """Fake hosts on one machine: layout [2, 2] -> HARP_HOSTID per rank ["h0", "h0", "h1", "h1"]."""
+    return [f"h{h}" for h, n in enumerate(layout) for _ in range(n)]
+
+
+def init_as(rank, ids):
+    """harp.init() as a rank of the fake host ids[rank] (hosts_env); ids None: the real host."""
+    if ids is not None:
+        os.environ["HARP_HOSTID"] = ids[rank]
+    return harp.init()
 
 
 def registered_algorithms(coll):

@@ -19,19 +19,8 @@ import numpy as np
 import pytest
 
 import harp
-from collectives_check import DTYPES, Checker, data, ops_for, reference, same
+from collectives_check import DTYPES, Checker, data, hosts_env, init_as, ops_for, reference, same
 from harness import run_ranks
-
-
-def hosts_env(layout):
-    """layout [2, 2] -> HARP_HOSTID per rank: ["h0", "h0", "h1", "h1"] (test_hierarchy's helper)."""
-    return [f"h{h}" for h, n in enumerate(layout) for _ in range(n)]
-
-
-def init_as(rank, ids):
-    if ids is not None:
-        os.environ["HARP_HOSTID"] = ids[rank]
-    return harp.init()
 
 
 def _check(rank, size, ids, sizes, dtypes, all_ops):

@@ -30,23 +30,12 @@ import numpy as np
 import pytest
 
 import harp
-from collectives_check import Checker, data
+from collectives_check import Checker, data, hosts_env, init_as
 from harness import run_ranks
 
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
-
-
-def hosts_env(layout):
-    """layout [2, 2] -> HARP_HOSTID per rank: ["h0", "h0", "h1", "h1"]."""
-    return [f"h{h}" for h, n in enumerate(layout) for _ in range(n)]
-
-
-def init_as(rank, ids):
-    if ids is not None:
-        os.environ["HARP_HOSTID"] = ids[rank]
-    return harp.init()
 
 
 def own_host_namespaces():

@@ -347,16 +347,17 @@ def ddp_vs_gloo(rank, size, url):
     return out
 
 
-def fsdp_train(rank, size, url):
-    """fully_shard on CPU over harp: the parameters after training equal a local full-batch reference."""
+def _sharded_vs_reference(rank, size, mesh=None):
+    """fully_shard (over `mesh`, or the world) on CPU over harp, 3 steps, against a local
+    full-batch reference: (largest parameter difference, largest change of the reference)."""
     from torch.distributed.fsdp import fully_shard
 
-    init(rank, size, url)
+    kw = {} if mesh is None else {"mesh": mesh}
     model = _model(1)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref = _model(1)
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -373,6 +374,14 @@ def fsdp_train(rank, size, url):
     for p, q in zip(model.parameters(), ref.parameters()):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         diff = max(diff, (full.detach() - q.detach()).abs().max().item())
+    moved = max((a.detach() - b.detach()).abs().max().item() for a, b in zip(ref.parameters(), _model(1).parameters()))
+    return diff, moved
+
+
+def fsdp_train(rank, size, url):
+    """fully_shard on CPU over harp: the parameters after training equal a local full-batch reference."""
+    init(rank, size, url)
+    diff, _ = _sharded_vs_reference(rank, size)
     dist.destroy_process_group()
     return diff
 
@@ -700,32 +709,10 @@ def hsdp_train(rank, size, url):
     """HSDP: fully_shard over a 2 x (size/2) DeviceMesh (replicate x shard) on harp subgroups; the
     parameters after training equal a local full-batch reference."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     init(rank, size, url)
     mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("replicate", "shard"))
-    model = _model(1)
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref = _model(1)
-    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for step in range(3):
-        x, y = _data(rank, step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        ropt.zero_grad()
-        loss = sum(torch.nn.functional.mse_loss(ref(_data(r, step)[0]), _data(r, step)[1]) for r in range(size)) / size
-        loss.backward()
-        ropt.step()
-    diff, moved = 0.0, 0.0
-    for p, q in zip(model.parameters(), ref.parameters()):
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        diff = max(diff, (full.detach() - q.detach()).abs().max().item())
-    moved = max((a.detach() - b.detach()).abs().max().item() for a, b in zip(ref.parameters(), _model(1).parameters()))
+    diff, moved = _sharded_vs_reference(rank, size, mesh)
     backend = dist.get_backend(mesh.get_group("shard"))
     dist.destroy_process_group()
     return diff, moved, backend
