@@ -1,4 +1,5 @@
 #include "core/communicator.h"
+#include "core/base/crypto.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -215,7 +216,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.spin_bytes = env::bytes("HARP_SPIN_BYTES");
   res_.segment_bytes = std::max<size_t>(env::bytes("HARP_SEGMENT_BYTES"), 4096);
   res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
-  res_.check_window = static_cast<int>(std::clamp<long long>(env::integer("HARP_CHECK_WINDOW"), 1, 15));
+  res_.check_window = static_cast<int>(std::clamp<long long>(env::integer("HARP_CHECK_WINDOW"), 1, 64));
   res_.deferred.resize(res_.check_window + 1);
   res_.owner = this;                       // Topology (issue 16)
   hier_auto_ = env::flag("HARP_HIER");
@@ -466,6 +467,11 @@ Communicator::~Communicator() {
     destroy();
   } catch (...) {
   }
+}
+
+std::string Communicator::payloadMac(const std::string& label, const std::string& msg) const {
+  std::string bound(reinterpret_cast<const char*>(&comm_id_), sizeof comm_id_);
+  return crypto::hmacSha256(crypto::deriveKey(token_, "payload|" + label), bound + msg);
 }
 
 std::string Communicator::transportName(int peer) const {
@@ -848,7 +854,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     algo->fn(ctx);
     if (check) ctx.finishCheck();
     ctx.settleDeferred();  // an earlier call's, where this rank only sent
-    if (!p2p) closingCheck(a, d.seq);
+    if (!p2p) closingCheck(a, d.seq, ctx.hearsFromAll());
     recorded.ok();
   } catch (const Error& e) {
     if (e.kind() == Error::kInvalidArgument) throw;
@@ -917,9 +923,12 @@ void Communicator::runIntAvg(CollArgs& a) {
 
 // A peer's abort notice that arrived while this collective ran (its data may
 // all have come before it): the collective fails, like every later call.
-// shm: one load per peer; tcp: one poll(2) per collective.
-void Communicator::closingCheck(const CollArgs& a, uint32_t seq) {
+// shm: one load per peer; tcp: one poll(2) per collective. Not where the call
+// left a deferred check that hears from every peer (deferred): a peer that
+// aborted before this call fails that check, raised at a later call.
+void Communicator::closingCheck(const CollArgs& a, uint32_t seq, bool deferred) {
   for (auto& t : res_.transports) {
+    if (deferred) break;
     std::string notice = t->abortNotice();
     if (notice.empty()) continue;
     // "after collective #N": the aborting rank had completed collective N.

@@ -195,6 +195,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   double timeout() const { return timeout_s_; }
   // Name of the transport used for `peer` ("self" for this rank).
   std::string transportName(int peer) const;
+  // HMAC-SHA256 of msg under a key derived from this communicator's token and
+  // `label`, bound to the communicator id: payloads that ranks exchange as
+  // plain data (pickled objects, harp.horovod) carry it, so bytes an on-path
+  // injector without the token writes are refused before they are parsed.
+  // Only as secret as the token (SECURITY.md).
+  std::string payloadMac(const std::string& label, const std::string& msg) const;
   // Validate, then run now (async=false, idle communicator) or queue.
   std::shared_ptr<Work> submit(CollArgs args, bool async);
   // Blocking submit without a Work object: errors are thrown from here. The
@@ -257,7 +263,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void runCollective(CollArgs& a);
   void runWith(CollArgs& a, DataType user_dtype);
   void runIntAvg(CollArgs& a);
-  void closingCheck(const CollArgs& a, uint32_t seq);
+  void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
   void settleDeferred();  // destroy(): the last deferred descriptor check (core/context.h)
   void validate(const CollArgs& a) const;
   void checkBuffers(const CollArgs& a) const;

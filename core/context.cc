@@ -46,7 +46,9 @@ uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, u
          (count & 0xffffffffull);
 }
 
-uint64_t makeCheckTag(uint32_t seq) { return (static_cast<uint64_t>(seq & 0xf) << 60) | kCheckColl << 52; }
+// The check tag carries the whole call number (a window of deferred checks
+// spans up to 64 calls).
+uint64_t makeCheckTag(uint32_t seq) { return kCheckColl << 52 | seq; }
 
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
   return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 | user_tag;
@@ -55,7 +57,7 @@ uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
 std::string describeTag(uint64_t tag) {
   const uint64_t coll = (tag >> 52) & 0xf;
   const uint32_t seq = static_cast<uint32_t>(tag >> 60);
-  if (coll == kCheckColl) return "descriptor check #" + std::to_string(seq);
+  if (coll == kCheckColl) return "descriptor check #" + std::to_string(static_cast<uint32_t>(tag));
   auto c = static_cast<CollType>(coll);
   auto dt = static_cast<DataType>((tag >> 48) & 0xf);
   if (c == CollType::kSend || c == CollType::kRecv)
@@ -238,6 +240,10 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
     dc->compared.assign(size_, 0);
     dc->reqs.clear();
     dc->reqs.reserve(size_);  // no reallocation below: the transports keep these pointers
+    // Every peer is heard from in this call (a descriptor from each, or the
+    // root's data): a peer that aborted before it shows up as this call's
+    // failed check, so the closing abort-notice poll adds nothing.
+    hears_all_ = true;
   }
   auto& theirs = dc ? dc->theirs : res_.check_buf;
   theirs.resize(size_);
@@ -253,14 +259,16 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
       r.len = sizeof(Descriptor);
       r.tag = tag;
       r.peer = q;
+      r.lazy = true;  // read as the transport likes until someone waits for it (settleDeferred)
       res_.pair_of[q]->irecv(&r);
     }
   // A deferred check's descriptors are lazy sends (transport.h): nobody waits
   // for them in this call, so a transport may carry several calls' at once
-  // (tcp: corked, up to kMaxLazyHeld per connection, pushed by a wait longer
-  // than 1 ms and by the keep-alive's beat). Only with a window of at least
-  // twice that: the root's call k+window needs call k's, and receivers that
-  // keep up with it have pushed them by then without waiting.
+  // (tcp: copied and held, up to kMaxLazyHeld per connection, written in one
+  // sendmsg; pushed sooner by an unhinted send, a wait longer than 1 ms and
+  // the keep-alive's beat). Only with a window of at least twice that: the
+  // root's call k+window needs call k's, and receivers that keep up with it
+  // have pushed them by then without waiting.
   check_sends_.clear();
   const bool lazy = dc != nullptr && res_.check_window >= 2 * transport::kMaxLazyHeld;
   if (!(from && rank_ == root))
@@ -369,7 +377,10 @@ void Context::settleDeferred() {
   if (pending) {
     std::vector<Request*> rs;
     for (int i = 0; i < must; ++i)
-      for (Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) rs.push_back(&r);
+      for (Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) {
+        r.lazy = false;  // waited for now: the transports read it eagerly
+        rs.push_back(&r);
+      }
     waitAll(rs);  // compareChecks, at the top of each round, throws before check() would
   }
   compareChecks();

@@ -39,12 +39,15 @@
 // while it waited for data (so one blocked on data that a rank with another
 // idea of the root never sends raises). settleDeferred(), at each call's end,
 // waits for the open ones when the call did not defer its own check, and
-// otherwise only for those beyond HARP_CHECK_WINDOW (1-15, default 8) open
+// otherwise only for those beyond HARP_CHECK_WINDOW (1-64, default 32) open
 // calls; destroy() waits for the rest. A disagreement found there raises
 // MismatchError naming the earlier call. So a loop of small broadcasts
-// pipelines: the root's call k+8 needs only that every peer has started call
-// k. Cost: each receiver sends its 24-byte descriptor to every peer; no wait
-// for any (bench/RESULTS.md, "Deferred root check").
+// pipelines: the root's call k+32 needs only that every peer has started call
+// k+15. Cost: each receiver sends its 24-byte descriptor to every peer, as a
+// lazy send (tcp: 16 in one write) that nobody waits for, and the deferred
+// receives are lazy too (tcp reads them in bursts, at waits); a call that
+// defers needs no closing abort-notice poll (bench/RESULTS.md, "Deferred
+// root check" and "Batched descriptors").
 //
 // Lifetime: built by the communicator for one collective, on its executing
 // thread, from the CommResources it owns (the connections and reused buffers,
@@ -137,6 +140,10 @@ class Context {
   // In a call that is failing: the MismatchError text an earlier call's open
   // deferred check shows after one round of progress ("" if none).
   std::string deferredFinding();
+  // This call deferred its check and hears from every peer in it (their
+  // descriptors, or the root's data): its later check stands for the
+  // closing abort-notice poll (Communicator::closingCheck).
+  bool hearsFromAll() const { return hears_all_; }
 
  private:
   void check(Request* r);
@@ -163,6 +170,7 @@ class Context {
   // (as far as arrived) while the call waits, left open at its end.
   DeferredCheck* open_dc_ = nullptr;
   bool opened_ = false;  // this call deferred its own check
+  bool hears_all_ = false;  // ... and hears from every peer in it (see startCheck)
 };
 
 std::string describe(const Descriptor& d);

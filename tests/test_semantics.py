@@ -208,9 +208,9 @@ def _idle_receiver(rank, size, calls, idle_s):
 
 @pytest.mark.parametrize("tr", TRANSPORTS)
 def test_a_root_destroy_does_not_wait_for_an_idle_receiver(tr):
-    """Receivers' deferred descriptors are lazy sends (tcp: corked in the kernel, up to 4, until a
-    wait over 1 ms, the keep-alive's flush within 0.5 s or the kernel's 200 ms cork ceiling): the
-    root's destroy() completes its checks without waiting for the receivers' destroy 8 s later."""
+    """Receivers' deferred descriptors are lazy sends (tcp: held by the transport, up to 16, until a
+    wait over 1 ms or the keep-alive's flush within 0.5 s): the root's destroy() completes its
+    checks without waiting for the receivers' destroy 8 s later."""
     res = run_ranks(3, _idle_receiver, 5, 8.0, env=_env(tr), timeout=120)
     assert res[0] < 4.0, res
 

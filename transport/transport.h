@@ -50,7 +50,7 @@ namespace harp::transport {
 
 // One posted send or receive. Owned by the caller, who keeps it (and the
 // buffer) alive until done() is true. Transports may use the private fields.
-constexpr int kMaxLazyHeld = 4;  // Request::lazy: sends a transport holds per connection at most
+constexpr int kMaxLazyHeld = 16;  // Request::lazy: sends a transport holds per connection at most
 
 struct Request {
   enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
@@ -66,11 +66,16 @@ struct Request {
   std::string error;       // human text for kPeerFailure / kLocal
   uint64_t peer_tag = 0;   // kMismatch: what the sender tagged
   uint64_t peer_len = 0;   // kMismatch: how long the sender's message was
-  // Send only: the sender waits for nobody on this message and it need not
+  // Send: the sender waits for nobody on this message and it need not
   // leave now; a transport may hold it (with the pair's later messages, in
   // order) until Transport::flush(), its next unhinted send on that pair, a
   // wait() that lasts over a millisecond, or kMaxLazyHeld lazy sends on one
-  // connection (tcp: TCP_CORK). A hint: a transport may ignore it.
+  // connection (tcp: copies it and completes the request at once, then
+  // writes the held frames in one sendmsg).
+  // Receive: nobody waits for it now; progress() may leave its bytes in the
+  // kernel while only lazy receives are posted on the pair, but wait() still
+  // reads them (tcp). The caller clears it before it waits for the request.
+  // A hint: a transport may ignore it.
   bool lazy = false;
 
   // Transport-private progress state.

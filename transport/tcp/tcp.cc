@@ -112,6 +112,7 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
 
 TcpTransport::~TcpTransport() {
   for (auto& [peer, p] : pairs_) {
+    if (!p->failed_) p->pushHeld(true);  // lazy sends still held go before the goodbye
     if (!p->failed_ && !p->busy()) p->sendControl(kBye, "");
     for (auto& l : p->lanes_)
       if (l.fd >= 0) ::shutdown(l.fd, SHUT_WR);
@@ -242,21 +243,14 @@ bool TcpTransport::progress() {
   return moved;
 }
 
-// Push what lazy sends left in the kernel: setting TCP_NODELAY (already set)
-// pushes a socket's pending frames (tcp(7)).
+// Push the lazy sends the lanes hold (Request::lazy).
 void TcpTransport::flushLocked() {
-  if (!any_corked_.exchange(false, std::memory_order_relaxed)) return;
-  const int zero = 0;
-  for (auto& [peer, p] : pairs_)
-    for (auto& l : p->lanes_)
-      if (l.corked_n && l.fd >= 0) {
-        setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
-        l.corked_n = 0;
-      }
+  if (!any_held_.exchange(false, std::memory_order_relaxed)) return;
+  for (auto& [peer, p] : pairs_) p->pushHeld();
 }
 
 void TcpTransport::flush() {
-  if (!any_corked_.load(std::memory_order_relaxed)) return;
+  if (!any_held_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> drive(drive_mu_);
   flushLocked();
 }
@@ -264,6 +258,10 @@ void TcpTransport::flush() {
 void TcpTransport::wait(int timeout_ms) {
   std::lock_guard<std::mutex> drive(drive_mu_);
   if (abort_requested_.load()) doAbort();
+  // Frames already read ahead (tcp.h, Lane::ahead) are no poll(2) event.
+  bool ahead = false;
+  for (auto& [peer, p] : pairs_) ahead |= p->readAhead();
+  if (ahead) return;
   std::vector<pollfd> pfds;
   std::vector<std::pair<TcpPair*, size_t>> who;
   pfds.push_back({wake_fd_, POLLIN, 0});
@@ -278,12 +276,10 @@ void TcpTransport::wait(int timeout_ms) {
     }
   }
   // Lazy sends wait while this rank waits briefly (a peer that needs them
-  // blocks longer); a wait of more than kLazyHoldMs pushes them.
-  int r = ::poll(pfds.data(), pfds.size(), any_corked_.load(std::memory_order_relaxed) ? std::min(timeout_ms, kLazyHoldMs) : timeout_ms);
-  if (r == 0 && any_corked_.load(std::memory_order_relaxed)) {
-    flushLocked();
-    if (timeout_ms > kLazyHoldMs) r = ::poll(pfds.data(), pfds.size(), timeout_ms - kLazyHoldMs);
-  }
+  // blocks longer); a wait of more than kLazyHoldMs pushes them and returns.
+  const bool held = any_held_.load(std::memory_order_relaxed);
+  int r = ::poll(pfds.data(), pfds.size(), held ? std::min(timeout_ms, kLazyHoldMs) : timeout_ms);
+  if (r == 0 && held) flushLocked();
   if (r <= 0) return;
   if (pfds[0].revents) {
     uint64_t v;
@@ -303,6 +299,7 @@ std::string TcpTransport::abortNotice() {
   TcpPair* who[64];
   int n = 0;
   for (auto& [peer, p] : pairs_) {
+    p->readAhead();
     if (!p->abort_text_.empty()) return p->abort_text_;
     if (!p->wantsIn(0) || p->lanes_[0].fd < 0) continue;
     if (n < 64) pfds[n] = {p->lanes_[0].fd, POLLIN, 0}, who[n++] = p.get();

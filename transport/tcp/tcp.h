@@ -36,8 +36,9 @@ namespace harp::transport::tcp {
 using tcpwire::FrameHeader;
 
 // One TCP connection of a pair.
-constexpr int kMaxCorked = kMaxLazyHeld;  // lazy sends a lane holds back (TCP_CORK) before one is pushed
-constexpr int kLazyHoldMs = 1;  // a wait() longer than this pushes the held lazy sends
+constexpr int kLazyHoldMs = 1;          // a wait() longer than this pushes the held lazy sends
+constexpr size_t kLazyHoldBytes = 256;  // larger lazy sends are not held
+constexpr size_t kReadAhead = 4096;     // one-lane pairs: bytes a read may take past the frame it wants
 
 struct Lane {
   int fd = -1;
@@ -48,7 +49,15 @@ struct Lane {
   const char* sdata = nullptr;
   size_t slen = 0, sdone = 0;
   bool committed = false;  // the kernel took a byte of this piece
-  int corked_n = 0;        // lazy sends held by TCP_CORK since the last push (the socket is corked while > 0)
+  bool mid_frame = false;  // the pair failed with a piece half written
+  // Lazy sends (Request::lazy, lane 0 only): whole frames copied here and
+  // completed; written after the piece in flight and before the next one, in
+  // one sendmsg with it where they can.
+  std::string held;
+  size_t held_done = 0;    // bytes of held already written
+  int held_n = 0;          // frames in held
+  bool held_go = false;    // push held now (the kMaxLazyHeld-th, an unhinted send, flush(), a long wait)
+  bool heldLeft() const { return held_go && held_done < held.size(); }
   // Receive side: the frame being read.
   FrameHeader rhdr{};
   size_t rhdr_have = 0;
@@ -58,6 +67,11 @@ struct Lane {
   size_t rlen = 0, rdone = 0;
   char* pre = nullptr;     // one-lane pairs: payload read with the header into pre
   size_t pre_len = 0;
+  // One-lane pairs: bytes read past the frame asked for (small frames come in
+  // bursts: a peer's held lazy sends), consumed before the socket is read again.
+  std::unique_ptr<char[]> ahead;
+  size_t ahead_off = 0, ahead_len = 0;
+  bool aheadLeft() const { return ahead_off < ahead_len; }
   uint64_t last_msg = 0;   // message numbers on a lane never decrease
   bool eof = false;        // idle lane > 0 saw EOF (the peer may be closing)
 };
@@ -93,7 +107,8 @@ class TcpPair : public Pair {
   void failAll(Request::Failure f, const std::string& why);
   void sendControl(tcpwire::FrameKind kind, const std::string& text);
   void readIdle(size_t lane);  // a lane polled readable while nothing was posted
-  bool busy() const { return !sends_.empty() || !slots_.empty() || anyLaneSending(); }
+  bool readAhead();            // process frames read ahead on lane 0; true if any request moved
+  bool busy() const { return !sends_.empty() || !slots_.empty() || anyLaneSending() || lanes_[0].heldLeft(); }
   bool anyLaneSending() const;
   bool wantsIn(size_t lane) const;   // poll this lane for POLLIN?
   bool wantsOut(size_t lane) const;  // ... for POLLOUT?
@@ -116,8 +131,19 @@ class TcpPair : public Pair {
   bool assign(Lane& l);
   void injectFault(FrameHeader& h);
   void pieceWritten(Lane& l);
+  bool holdLazy();         // copy lazy sends at the queue's front into lane 0's held bytes
+  int writeHeld(Lane& l);  // push held bytes alone: as writeLane
+  void heldWritten(Lane& l);
+ public:
+  // Mark the held bytes to go now and try to write them (under drive_mu_);
+  // block: write them all (at most 1 s) unless a piece is half written.
+  void pushHeld(bool block = false);
+ private:
   bool progressRecv(size_t i);
   bool readHeader(size_t i);
+  // readv(2) on lane l that first drains l.ahead; fill: also read up to
+  // kReadAhead more bytes into it (one-lane pairs only).
+  ssize_t laneRead(Lane& l, iovec* iov, int cnt, bool fill);
   bool placeFrame(size_t i);
   void control(Lane& l);
   bool markPiece(RecvSlot& s, const FrameHeader& h, std::string* err);
@@ -175,12 +201,11 @@ class TcpTransport : public Transport {
   SockAddr listen_addr_;
   std::vector<SockAddr> rails_;  // HARP_SOCKET_IFNAME with several interfaces: one address per NIC
   int wake_fd_ = -1;
-  // Lazy sends (Request::lazy) cork their lane (TCP_CORK): the kernel holds
-  // their bytes until an unhinted send, the kMaxCorked-th lazy one, flush()
-  // or a wait() of over kLazyHoldMs uncorks it (which pushes them; the kernel
-  // also pushes a corked socket after 200 ms). Set under drive_mu_; flush()
-  // reads it first.
-  std::atomic<bool> any_corked_{false};
+  // Lazy sends (Request::lazy) wait in their lane's held bytes until an
+  // unhinted send on the pair, the kMaxLazyHeld-th lazy one, flush() or a
+  // wait() of over kLazyHoldMs pushes them: one sendmsg for many. Set under
+  // drive_mu_; flush() reads it first.
+  std::atomic<bool> any_held_{false};
   void flushLocked();
   std::map<int, std::unique_ptr<TcpPair>> pairs_;
   std::mutex abort_mu_;

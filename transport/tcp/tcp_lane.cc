@@ -57,7 +57,9 @@ bool TcpPair::wantsIn(size_t i) const {
   return !failed_ && !l.eof && !l.stalled;
 }
 
-bool TcpPair::wantsOut(size_t i) const { return !failed_ && (lanes_[i].sreq || !sends_.empty()); }
+bool TcpPair::wantsOut(size_t i) const {
+  return !failed_ && (lanes_[i].sreq || !sends_.empty() || lanes_[i].heldLeft());
+}
 
 void TcpPair::dropLanes(int keep) {
   for (size_t i = keep; i < lanes_.size(); ++i)
@@ -95,7 +97,10 @@ void TcpPair::failAll(Request::Failure f, const std::string& why) {
     if (!m.req->done()) m.req->fail(f, why);
   for (auto& l : lanes_) {
     if (l.sreq && !l.sreq->done()) l.sreq->fail(f, why);
+    if (l.sreq && l.committed) l.mid_frame = true;  // no notice may follow on this lane
     l.sreq = nullptr;
+    // Held lazy frames stay: complete frames, sent before an abort notice
+    // (sendControl), e.g. the descriptor that tells the root of a mismatch.
   }
   for (auto& s : slots_)  // a complete slot's request may be gone already
     if (!s.complete && !s.req->done()) s.req->fail(f, why);
@@ -176,9 +181,15 @@ void TcpPair::injectFault(FrameHeader& h) {
   HARP_WARN("tcp: HARP_TCP_FAULT=%s: sent a corrupt frame header to %s", f.c_str(), who().c_str());
 }
 
+// Write (more of) lane l's piece; a piece not started yet goes after the
+// lane's held bytes if they are to go, in the same sendmsg. 1: bytes of the
+// piece went (or the piece is done), 0: none did, -1: the pair failed.
 int TcpPair::writeLane(Lane& l) {
-  iovec iov[2];
+  iovec iov[3];
   int cnt = 0;
+  const bool lead = !l.committed && l.heldLeft();  // held frames come before a piece not started
+  size_t lead_n = lead ? l.held.size() - l.held_done : 0;
+  if (lead) iov[cnt++] = {l.held.data() + l.held_done, lead_n};
   if (l.shdr_done < sizeof(FrameHeader))
     iov[cnt++] = {reinterpret_cast<char*>(&l.shdr) + l.shdr_done, sizeof(FrameHeader) - l.shdr_done};
   if (l.sdone < l.slen) iov[cnt++] = {const_cast<char*>(l.sdata) + l.sdone, l.slen - l.sdone};
@@ -186,32 +197,82 @@ int TcpPair::writeLane(Lane& l) {
   msghdr m{};
   m.msg_iov = iov;
   m.msg_iovlen = cnt;
-  // A lazy message (a deferred descriptor: nobody waits for it) corks the
-  // lane, so the kernel holds it with the next ones instead of running the
-  // send path for 64 bytes (MSG_MORE would not do: the peer's next segment
-  // pushes it); the kMaxCorked-th, or any unhinted send, uncorks.
-  const bool more = l.sreq->lazy && l.corked_n < kMaxCorked;
-  if (more && l.corked_n == 0) {
-    const int one = 1;
-    setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &one, sizeof one);
-  }
   ssize_t w = ::sendmsg(l.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (w <= 0) {
     if (w == 0) return 0;
     return ioError(w, l.sreq, true) ? 0 : -1;
   }
-  if (more) {
-    ++l.corked_n;
-    t_->any_corked_.store(true, std::memory_order_relaxed);
-  } else if (l.corked_n) {
-    const int zero = 0;
-    setsockopt(l.fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);  // pushes what the cork held, and this
-    l.corked_n = 0;
-  }
+  size_t wl = std::min<size_t>(w, lead_n);
+  l.held_done += wl;
+  if (lead && l.held_done == l.held.size()) heldWritten(l);
+  w -= wl;
+  if (w == 0) return 0;
   size_t wh = std::min<size_t>(w, sizeof(FrameHeader) - l.shdr_done);
   l.shdr_done += wh;
   l.sdone += w - wh;
   return 1;
+}
+
+void TcpPair::heldWritten(Lane& l) {
+  l.held.clear();
+  l.held_done = 0;
+  l.held_n = 0;
+  l.held_go = false;
+}
+
+// Push the held bytes alone (no piece to carry them): as writeLane.
+int TcpPair::writeHeld(Lane& l) {
+  if (!l.heldLeft()) return 0;
+  ssize_t w = ::send(l.fd, l.held.data() + l.held_done, l.held.size() - l.held_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (w <= 0) {
+    if (w == 0) return 0;
+    return ioError(w, nullptr, true) ? 0 : -1;
+  }
+  l.held_done += w;
+  if (l.held_done == l.held.size()) heldWritten(l);
+  return 1;
+}
+
+// Lazy sends at the front of the queue are copied whole (header and payload)
+// into lane 0's held bytes and complete at once: nobody waits for them, and
+// the lane writes many in one sendmsg. On a pair of several lanes a later
+// message may travel on another lane first; the receiver matches by message
+// number, so the order of posting holds. True when any was held.
+bool TcpPair::holdLazy() {
+  Lane& l = lanes_[0];
+  bool any = false;
+  while (!sends_.empty() && !failed_) {
+    SendMsg& m = sends_.front();
+    Request* r = m.req;
+    if (!r->lazy || m.striped || r->len > kLazyHoldBytes || m.next_off != 0) break;
+    FrameHeader h{kData, 0u, m.msg, r->tag, r->len, 0};
+    l.held.append(reinterpret_cast<const char*>(&h), sizeof h);
+    l.held.append(static_cast<const char*>(r->buf), r->len);
+    sends_.pop_front();
+    r->complete();
+    any = true;
+    if (++l.held_n >= kMaxLazyHeld) l.held_go = true;
+  }
+  if (l.held_n && !l.held_go) t_->any_held_.store(true, std::memory_order_relaxed);
+  return any;
+}
+
+void TcpPair::pushHeld(bool block) {
+  Lane& l = lanes_[0];
+  if (failed_ || l.held.size() == l.held_done || l.fd < 0) return;
+  l.held_go = true;
+  if (l.sreq) {  // held frames follow the piece in flight
+    if (!block || l.committed) return;
+  }
+  if (!block) {
+    writeHeld(l);
+    return;
+  }
+  try {
+    sendAll(l.fd, l.held.data() + l.held_done, l.held.size() - l.held_done, Deadline::after(1), who());
+  } catch (const Error&) {
+  }
+  heldWritten(l);
 }
 
 void TcpPair::pieceWritten(Lane& l) {
@@ -229,14 +290,22 @@ static int laneQueue(const Lane& l) {
 }
 
 bool TcpPair::progressSend() {
-  bool moved = false;
-  // Lanes first finish the pieces they own.
+  bool moved = holdLazy();
+  // An unhinted send follows held lazy ones: they go first.
+  if (!sends_.empty() && lanes_[0].held_n) lanes_[0].held_go = true;
+  // Lanes first finish the pieces they own (lane 0's held bytes after its piece).
   for (auto& l : lanes_) {
     if (!l.sreq || failed_) continue;
     int w = writeLane(l);
     if (w < 0) return true;
     moved |= w > 0;
     if (l.shdr_done == sizeof(FrameHeader) && l.sdone == l.slen) pieceWritten(l);
+  }
+  Lane& l0 = lanes_[0];
+  if (!l0.sreq && l0.heldLeft() && (sends_.empty() || lanes_.size() > 1)) {
+    int w = writeHeld(l0);
+    if (w < 0) return true;
+    moved |= w > 0;
   }
   // Then each new piece goes to the free lane with the shortest kernel queue:
   // a slow or capped lane drains slowly, so it is chosen less often.
@@ -251,10 +320,12 @@ bool TcpPair::progressSend() {
     }
     if (!best) break;
     assign(*best);
+    const size_t held_before = l0.held.size() - l0.held_done;
     int w = writeLane(*best);
     if (w < 0) return true;
-    if (w == 0) {  // the emptiest free lane takes nothing now; the piece waits
+    if (w == 0) {  // the emptiest free lane takes nothing now (its held bytes may have gone); the piece waits
       best->sreq = nullptr;
+      moved |= l0.held.size() - l0.held_done != held_before;
       break;
     }
     moved = true;
@@ -263,6 +334,7 @@ bool TcpPair::progressSend() {
     m.next_off += best->slen;
     if (m.next_off >= m.req->len) sends_.pop_front();
     if (best->shdr_done == sizeof(FrameHeader) && best->sdone == best->slen) pieceWritten(*best);
+    moved |= holdLazy();
   }
   return moved;
 }
@@ -273,6 +345,35 @@ bool TcpPair::progressSend() {
 // Read (the rest of) lane i's header; on one-lane pairs also the payload of
 // the oldest posted receive, if untouched. True when bytes came (else nothing
 // to read, an idle side lane's EOF, or the pair failed).
+ssize_t TcpPair::laneRead(Lane& l, iovec* iov, int cnt, bool fill) {
+  if (l.aheadLeft()) {
+    size_t n = 0;
+    for (int k = 0; k < cnt && l.aheadLeft(); ++k) {
+      size_t c = std::min(iov[k].iov_len, l.ahead_len - l.ahead_off);
+      std::memcpy(iov[k].iov_base, l.ahead.get() + l.ahead_off, c);
+      l.ahead_off += c;
+      n += c;
+    }
+    return static_cast<ssize_t>(n);
+  }
+  if (!fill) return ::readv(l.fd, iov, cnt);
+  if (!l.ahead) l.ahead.reset(new char[kReadAhead]);
+  iovec v[4];
+  size_t want = 0;
+  for (int k = 0; k < cnt; ++k) v[k] = iov[k], want += iov[k].iov_len;
+  v[cnt] = {l.ahead.get(), kReadAhead};
+  ssize_t r = ::readv(l.fd, v, cnt + 1);
+  if (r <= static_cast<ssize_t>(want)) return r;
+  l.ahead_off = 0;
+  l.ahead_len = static_cast<size_t>(r) - want;
+  return static_cast<ssize_t>(want);
+}
+
+bool TcpPair::readAhead() {
+  if (failed_ || lanes_.empty() || !lanes_[0].aheadLeft() || lanes_[0].stalled) return false;
+  return progressRecv(0);
+}
+
 bool TcpPair::readHeader(size_t i) {
   Lane& l = lanes_[i];
   iovec iov[2];
@@ -281,7 +382,7 @@ bool TcpPair::readHeader(size_t i) {
   RecvSlot* front = slots_.empty() ? nullptr : &slots_.front();
   bool pre = lanes_.size() == 1 && front && front->mode == 0 && !front->complete && front->req->len > l.pre_len;
   if (pre) iov[cnt++] = {static_cast<char*>(front->req->buf) + l.pre_len, front->req->len - l.pre_len};
-  ssize_t r = ::readv(l.fd, iov, cnt);
+  ssize_t r = laneRead(l, iov, cnt, lanes_.size() == 1);
   if (r <= 0) {
     if (r == 0 && l.rhdr_have == 0 && l.pre_len == 0 && (i > 0 || peer_closed_)) {
       // A lane ended at a frame boundary: after a goodbye, or a side lane of a
@@ -398,6 +499,11 @@ void TcpPair::control(Lane& l) {
   std::string text;
   if (l.pre_len) text.assign(l.pre, std::min<size_t>(l.pre_len, want));
   l.pre_len = 0;
+  if (text.size() < want && l.aheadLeft()) {
+    size_t c = std::min(want - text.size(), l.ahead_len - l.ahead_off);
+    text.append(l.ahead.get() + l.ahead_off, c);
+    l.ahead_off += c;
+  }
   if (text.size() < want) {
     std::string more(want - text.size(), '\0');
     try {
@@ -435,7 +541,8 @@ bool TcpPair::progressRecv(size_t i) {
       moved = true;
     }
     if (l.rdone < l.rlen) {
-      ssize_t r = ::recv(l.fd, l.rdata + l.rdone, l.rlen - l.rdone, MSG_DONTWAIT);
+      iovec v{l.rdata + l.rdone, l.rlen - l.rdone};
+      ssize_t r = laneRead(l, &v, 1, lanes_.size() == 1 && v.iov_len < kReadAhead);
       if (r <= 0) {
         ioError(r, slots_[l.rhdr.msg - recv_base_].req, false);
         return moved || failed_;
@@ -465,9 +572,19 @@ void TcpPair::readIdle(size_t lane) {
 bool TcpPair::progress() {
   if (failed_) return false;
   bool moved = false;
-  if (!sends_.empty() || anyLaneSending()) moved |= progressSend();
+  if (!sends_.empty() || anyLaneSending() || lanes_[0].heldLeft()) moved |= progressSend();
   if (failed_) return true;
   if (slots_.empty()) return moved;
+  // Only lazy receives posted (Request::lazy: deferred descriptor checks):
+  // no read attempt now, which would mostly find nothing (one EAGAIN readv
+  // per call at a broadcast root); wait() polls the lanes and reads them.
+  bool eager = false;
+  for (const RecvSlot& s : slots_)
+    if (!s.complete && !s.req->lazy) {
+      eager = true;
+      break;
+    }
+  if (!eager) return moved;
   bool stuck = true, ended = false;  // no lane can bring the posted receives' bytes
   for (size_t i = 0; i < lanes_.size() && !failed_; ++i) {
     Lane& l = lanes_[i];
@@ -486,10 +603,12 @@ void TcpPair::sendControl(FrameKind kind, const std::string& text) {
   Lane& l = lanes_[0];
   if (l.fd < 0) return;
   // Only at a frame boundary; otherwise the peer will just see the socket close.
-  if (l.sreq && l.committed) return;
+  if ((l.sreq && l.committed) || l.mid_frame) return;
   l.sreq = nullptr;
   FrameHeader h{static_cast<uint32_t>(kind), 0, 0, 0, text.size(), 0};
-  std::string buf(reinterpret_cast<char*>(&h), sizeof h);
+  std::string buf = l.held.substr(l.held_done);  // held lazy frames go first
+  heldWritten(l);
+  buf.append(reinterpret_cast<char*>(&h), sizeof h);
   buf += text;
   try {
     sendAll(l.fd, buf.data(), buf.size(), Deadline::after(1), who());
