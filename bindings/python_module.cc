@@ -397,6 +397,9 @@ PYBIND11_MODULE(_harp, m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("timeout", &Communicator::timeout)
       .def("transport_name", &Communicator::transportName)
+      .def("payload_mac", [](const Communicator& c, const std::string& label, py::bytes msg) {
+        return py::bytes(c.payloadMac(label, std::string(msg)));
+      }, "HMAC-SHA256 of msg under a key derived from the communicator's token and label (Communicator::payloadMac)")
       // Lean blocking path for the common collectives (no p2p, no v-counts, no
       // per-call timeout): fewer argument conversions on every call.
       .def("run",

@@ -138,6 +138,66 @@ def test_allgather_broadcast_alltoall_objects():
         assert o["mismatch"] and "differ beyond the first dimension" in o["mismatch"], o["mismatch"]
 
 
+class _Boom:
+    """Unpickling this runs code: the MAC must refuse the payload before pickle sees it."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _tamper_body(rank, size, how, marker):
+    import pickle
+    import harp
+    import harp.horovod.torch as hvd
+    hvd.init()
+    c = hvd._comm()
+    out = {"ok": hvd.broadcast_object({"k": [1, 2]}, root_rank=0)}
+    if rank == 1:  # an on-path injector: what rank 1 receives is replaced after the MAC was made
+        real = c.broadcast
+
+        def injected(x, root=0):
+            r = real(x, root=root)
+            if x.dtype == np.uint8 and x.size:
+                if how == "flip":
+                    x[len(x) // 3] ^= 0x40
+                else:  # a whole forged pickle, of the same length, with a MAC made under a key it guessed
+                    forged = pickle.dumps(_Boom(marker))
+                    forged = (forged + b"." * x.size)[:x.size - 32] + bytes(32)
+                    x[:] = np.frombuffer(forged, np.uint8)
+            return r
+        c.broadcast = injected
+    try:
+        out["tampered"] = ("ok", hvd.broadcast_object({"from": rank, "pad": "x" * 200}, root_rank=0))
+    except harp.HarpError as e:
+        out["tampered"] = (type(e).__name__, str(e))
+    if rank == 1:
+        c.broadcast = real
+    out["after"] = hvd.allgather_object(rank * 3)
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("how", ["flip", "forged"])
+def test_broadcast_object_refuses_a_payload_that_fails_its_mac_before_unpickling(how, tmp_path):
+    """hvd.broadcast_object and allgather_object pickle (as Horovod does), but seal the bytes with an
+    HMAC under the communicator's token: a receiver refuses altered or forged bytes, naming the
+    source rank, and never unpickles them (the forged pickle would run code)."""
+    marker = tmp_path / "pickle-ran"
+    res = harness.run_ranks(3, _tamper_body, how, str(marker), env={"HARP_TRANSPORT": "tcp"}, timeout=120)
+    for r, o in enumerate(res):
+        assert o["ok"] == {"k": [1, 2]}
+        if r == 1:
+            kind, text = o["tampered"]
+            assert kind == "InvalidArgumentError", o
+            assert "from rank 0 fails its MAC" in text and "nothing unpickled" in text, text
+        else:
+            assert o["tampered"] == ("ok", {"from": 0, "pad": "x" * 200}), o
+        assert o["after"] == [0, 3, 6]
+    assert not marker.exists()
+
+
 def _model():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 

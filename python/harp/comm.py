@@ -216,6 +216,15 @@ class Communicator:
         """Name of the transport carrying traffic to `peer` ("self" for this rank)."""
         return self._c.transport_name(check_int(peer, "transport: peer", 0, self.size - 1))
 
+    def payload_mac(self, label: str, data: bytes) -> bytes:
+        """HMAC-SHA256 (32 bytes) of `data` under a key derived from this communicator's token (never
+        sent) and `label`, bound to this communicator: seal bytes that ranks exchange as data and must
+        trust before parsing (harp.horovod's broadcast_object and allgather_object, which unpickle).
+        As secret as the token: see SECURITY.md for init_process_group("harp")."""
+        if not isinstance(label, str):
+            raise InvalidArgumentError(f"payload_mac: label must be a str, got {type(label).__name__}")
+        return self._c.payload_mac(label, bytes(data))
+
     def algorithm(self, collective: str, count: int, dtype="float32") -> str:
         """The algorithm the tuning table (and HARP_ALGO) picks for this call (count: elements)."""
         coll = _coll_name(collective)

@@ -17,9 +17,11 @@ rank. DistributedOptimizer keeps the order itself (see _optimizer.py).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import pickle
 import socket
+import weakref
 
 import numpy as np
 import torch
@@ -403,29 +405,57 @@ def join(device=-1):
 
 
 # -- objects, parameters, optimizer state ---------------------------------------------------------
+# Pickles travel sealed: an HMAC-SHA256 under a key from the communicator's token (Communicator.payload_mac)
+# over the call's number on this communicator and the bytes; what fails it is refused before unpickling,
+# so bytes written by an on-path injector without the token cannot run code here (SECURITY.md).
+_MAC = 32
+_object_calls = weakref.WeakKeyDictionary()  # communicator -> object calls made on it (the same on every rank)
+
+
+def _seal_label(c, what):
+    n = _object_calls.get(c, 0) + 1
+    _object_calls[c] = n
+    return f"hvd.{what}#{n}"
+
+
+def _unseal(c, label, blob, what, src):
+    if len(blob) < _MAC or not hmac.compare_digest(bytes(blob[-_MAC:]), c.payload_mac(label, bytes(blob[:-_MAC]))):
+        raise InvalidArgumentError(f"{what}: the payload from rank {src} fails its MAC (not sent by a rank of "
+                                   "this communicator, or altered on the way); refused, nothing unpickled")
+    return pickle.loads(bytes(blob[:-_MAC]))
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """root_rank's object on every rank (pickled: only for objects from ranks of this job)."""
+    """root_rank's object on every rank (pickled, and sealed with a MAC that every receiver checks before it
+    unpickles: see _unseal)."""
     c = _comm()
     _join.guard(c, "broadcast_object")
-    data = pickle.dumps(obj) if c.rank == root_rank else b""
+    label = _seal_label(c, "broadcast_object")
+    if c.rank == root_rank:
+        data = pickle.dumps(obj)
+        data += c.payload_mac(label, data)
+    else:
+        data = b""
     n = np.array([len(data)], np.int64)
     c.broadcast(n, root=root_rank)
     buf = np.frombuffer(data, np.uint8).copy() if c.rank == root_rank else np.empty(int(n[0]), np.uint8)
     c.broadcast(buf, root=root_rank)
-    return obj if c.rank == root_rank else pickle.loads(buf.tobytes())
+    return obj if c.rank == root_rank else _unseal(c, label, buf.tobytes(), "broadcast_object", root_rank)
 
 
 def allgather_object(obj, name=None, process_set=None):
-    """Every rank's object, in rank order."""
+    """Every rank's object, in rank order (pickled and sealed as in broadcast_object)."""
     c = _comm()
     _join.guard(c, "allgather_object")
-    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    label = _seal_label(c, "allgather_object")
+    raw = pickle.dumps(obj)
+    data = np.frombuffer(raw + c.payload_mac(label, raw), np.uint8)
     sizes = c.allgather(np.array([data.size], np.int64)).reshape(-1)
     top = int(sizes.max())
     padded = np.zeros(top, np.uint8)
     padded[:data.size] = data
     allv = c.allgather(padded)
-    return [pickle.loads(allv[r, :sizes[r]].tobytes()) for r in range(c.size)]
+    return [_unseal(c, label, allv[r, :sizes[r]].tobytes(), "allgather_object", r) for r in range(c.size)]
 
 
 def _named(params):
