@@ -9,7 +9,7 @@
 # run stops the script (harp-bench exits 1 on any wrong value).
 set -euo pipefail
 before=$(cd "$1" && pwd); after=$(cd "$2" && pwd); out=${3:-bench/out-ab}
-mkdir -p "$out"
+mkdir -p "$out"; out=$(cd "$out" && pwd)  # the runs cd into each checkout
 for rep in $(seq 1 "${REPS:-3}"); do
   for np_ in ${NPS:-2 4}; do
     for tp in ${TRANSPORTS:-tcp shm}; do

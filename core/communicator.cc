@@ -487,11 +487,8 @@ void Communicator::validate(const CollArgs& a) const {
   const char* name = collName(a.coll);
   if (static_cast<unsigned>(a.coll) >= kNumCollTypes) throw InvalidArgument("unknown collective");
   dtypeSize(a.dtype);
-  if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduce || a.coll == CollType::kReduceScatter ||
-      a.coll == CollType::kAllreduceCoalesced)
-    checkOpSupported(a.dtype, a.op);
-  bool rooted = a.coll == CollType::kBroadcast || a.coll == CollType::kReduce || a.coll == CollType::kGather ||
-                a.coll == CollType::kScatter;
+  if (collReduces(a.coll)) checkOpSupported(a.dtype, a.op);
+  const bool rooted = collRooted(a.coll);
   if (rooted && (a.root < 0 || a.root >= size_))
     throw InvalidArgument(std::string(name) + ": root " + std::to_string(a.root) + " is out of range for " +
                           std::to_string(size_) + " ranks");
@@ -749,14 +746,7 @@ void Communicator::execute(CollArgs& a, Work& w) {
 }
 
 namespace {
-bool isRooted(CollType c) {
-  return c == CollType::kBroadcast || c == CollType::kReduce || c == CollType::kGather || c == CollType::kScatter;
-}
 bool isSigned(DataType t) { return t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64; }
-bool isReduction(CollType c) {
-  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter ||
-         c == CollType::kAllreduceCoalesced;
-}
 // The descriptor messages a rooted collective's data makes redundant
 // (core/context.h, CheckShape): only with an exact tag and data on this
 // communicator's own pairs (not a hierarchical algorithm's sub-communicators),
@@ -806,7 +796,7 @@ void Communicator::runCollective(CollArgs& a) {
     std::lock_guard<std::mutex> g(broken_mu_);
     throw Error(broken_kind_, broken_reason_);
   }
-  if (a.op == ReduceOp::kAvg && isReduction(a.coll) && isInteger(a.dtype) && size_ > 1) return runIntAvg(a);
+  if (a.op == ReduceOp::kAvg && collReduces(a.coll) && isInteger(a.dtype) && size_ > 1) return runIntAvg(a);
   runWith(a, a.dtype);
 }
 
@@ -820,7 +810,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
                               ? compressedAlgorithm(a) : nullptr;
   if (!algo) algo = algorithmFor(a);
   const bool p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
-  const bool rooted = isRooted(a.coll);
+  const bool rooted = collRooted(a.coll);
   Descriptor d;
   uint64_t tag;
   bool check = false;
@@ -831,7 +821,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     d.seq = ++seq_;
     d.coll = static_cast<uint8_t>(a.coll);
     d.dtype = static_cast<uint8_t>(user_dtype);
-    d.op = static_cast<uint8_t>(isReduction(a.coll) ? a.op : ReduceOp::kSum);
+    d.op = static_cast<uint8_t>(collReduces(a.coll) ? a.op : ReduceOp::kSum);
     d.algo = static_cast<uint8_t>(algo->index);
     d.root = rooted ? a.root : a.coll == CollType::kAllreduceCoalesced ? layoutHash(a.pieces) : 0;
     d.count = a.count;
@@ -982,7 +972,7 @@ void Communicator::abort(const std::string& reason) {
 }
 
 void Communicator::refuseRooted(CollType c, const std::string& why) {
-  if (size_ > 1 && isRooted(c))
+  if (size_ > 1 && collRooted(c))
     markBroken("rank " + std::to_string(rank_) + ", the root, refused its own " + collName(c) + " arguments: " + why);
 }
 

@@ -12,9 +12,6 @@ bool isPow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 // Every reduction HARP has is commutative (sum, prod, min, max, avg, band,
 // bor, bxor); a future non-commutative op is added here.
 bool isCommutative(ReduceOp) { return true; }
-bool isReduction(CollType c) {
-  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter;
-}
 
 std::string list(CollType c) { return algorithmList(c); }
 
@@ -88,7 +85,7 @@ std::string failedRestriction(const Algorithm& a, const SelectQuery& q) {
     return "needs at most " + std::to_string(r.max_ranks) + " ranks (" + std::to_string(q.ranks) + ")";
   if (r.max_count && q.count > r.max_count)
     return "needs count <= " + std::to_string(r.max_count) + " (" + std::to_string(q.count) + ")";
-  if (r.commutative_op && isReduction(q.coll) && !isCommutative(q.op))
+  if (r.commutative_op && collReduces(q.coll) && !isCommutative(q.op))
     return std::string("needs a commutative op (") + opName(q.op) + ")";
   if (r.in_place == InPlace::kOnly && !q.in_place) return "in-place only (send and receive buffers differ)";
   if (r.in_place == InPlace::kNever && q.in_place) return "out-of-place only (send buffer == receive buffer)";

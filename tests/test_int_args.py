@@ -228,6 +228,7 @@ TABLE = {
         "op": Spec(0, 7, lambda e, v: e.c.allreduce_coalesced([x4()], op=v), "op"),
         **_timeout_specs(lambda e, v: e.c.allreduce_coalesced([x4()], timeout=v))},
     "harp.Communicator.abort": {}, "harp.Communicator.destroy": {}, "harp.Communicator.close": {},
+    "harp.Communicator.payload_mac": {},
     "harp.Communicator.revoke": {}, "harp.Communicator.failed_ranks": {}, "harp.Communicator.agree": {},
     "harp.Work.__init__": {}, "harp.Work.test": {}, "harp.Work.is_completed": {},
     "harp.Work.wait": {"timeout": Spec(0, INF, lambda e, v: e.work.wait(v), "timeout")},

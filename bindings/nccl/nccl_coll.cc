@@ -58,9 +58,6 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
-bool isReduction(CollType c) {
-  return c == CollType::kAllreduce || c == CollType::kReduce || c == CollType::kReduceScatter;
-}
 
 ReduceOp toOp(ncclRedOp_t op) {
   switch (static_cast<int>(op)) {
@@ -89,7 +86,7 @@ ncclResult_t check(const Op& o) {
   } catch (const std::exception& e) {
     return fail(ncclInvalidArgument, fn + ": " + e.what());
   }
-  if (isReduction(o.coll)) {
+  if (collReduces(o.coll)) {
     int op = static_cast<int>(o.op);
     if (op < 0) return fail(ncclInvalidArgument, fn + ": invalid ncclRedOp_t " + std::to_string(op));
     if (op >= ncclNumOps) {
@@ -312,7 +309,7 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
     a.root = o.root;
     if (o.coll == CollType::kBroadcast && o.root != c->rank) a.sendbuf = nullptr;
     if (o.coll == CollType::kReduce && o.root != c->rank) a.recvbuf = nullptr;  // unused off the root
-    if (isReduction(o.coll) && static_cast<int>(o.op) >= ncclNumOps) {
+    if (collReduces(o.coll) && static_cast<int>(o.op) >= ncclNumOps) {
       size_t n = o.count * (o.coll == CollType::kReduceScatter ? c->nranks : 1);
       j->temps.emplace_back(new char[std::max<size_t>(n * es, 1)]);
       Prescale ps{a.sendbuf, j->temps.back().get(), n, o.dt, c->redops[o.op - ncclNumOps]};

@@ -20,7 +20,7 @@ const char* kOpNames[kNumReduceOps] = {
 #include "core/base/vocab.def"
 };
 const char* kCollNames[kNumCollTypes] = {
-#define HARP_COLL(name, e, value) #name,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) #name,
 #include "core/base/vocab.def"
 };
 struct Alias {
@@ -51,7 +51,7 @@ static_assert(inOrder({
 #include "core/base/vocab.def"
               }), "vocab.def: HARP_REDOP values must be 0, 1, 2, ... in order");
 static_assert(inOrder({
-#define HARP_COLL(name, e, value) value,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) value,
 #include "core/base/vocab.def"
               }), "vocab.def: HARP_COLL values must be 0, 1, 2, ... in order");
 

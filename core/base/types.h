@@ -37,13 +37,37 @@ constexpr int kNumReduceOps = 0
 // kBand, kBor, kBxor: bitwise; integer and bool types only.
 
 enum class CollType : uint8_t {
-#define HARP_COLL(name, e, value) e = value,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) e = value,
 #include "core/base/vocab.def"
 };
 constexpr int kNumCollTypes = 0
-#define HARP_COLL(name, e, value) +1
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) +1
 #include "core/base/vocab.def"
     ;
+// A collective's traits, as vocab.def declares them: it combines data with an
+// op (allreduce, reduce, reduce_scatter, allreduce_coalesced), it has a root,
+// it takes per-rank counts.
+constexpr bool collReduces(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return reduces;
+#include "core/base/vocab.def"
+  }
+  return false;
+}
+constexpr bool collRooted(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return rooted;
+#include "core/base/vocab.def"
+  }
+  return false;
+}
+constexpr bool collVcounts(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return vcounts;
+#include "core/base/vocab.def"
+  }
+  return false;
+}
 // kP2pBatch: a group of sends and receives that progress together (CollArgs::p2p).
 // kAllreduceCoalesced: one allreduce schedule over a list of buffers (CollArgs::pieces).
 

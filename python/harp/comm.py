@@ -223,6 +223,8 @@ class Communicator:
         As secret as the token: see SECURITY.md for init_process_group("harp")."""
         if not isinstance(label, str):
             raise InvalidArgumentError(f"payload_mac: label must be a str, got {type(label).__name__}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"payload_mac: data must be bytes-like, got {type(data).__name__}")
         return self._c.payload_mac(label, bytes(data))
 
     def algorithm(self, collective: str, count: int, dtype="float32") -> str:
