@@ -516,19 +516,20 @@ void Communicator::validate(const CollArgs& a) const {
                             algorithmList(a.coll) + ")");
     return;
   }
-  if (a.coll == CollType::kAlltoallv) {
+  const bool vcounts = collVcounts(a.coll);  // per-rank counts: `count` does not describe the call
+  if (vcounts) {
     if (a.sendcounts.size() != (size_t)size_ || a.sdispls.size() != (size_t)size_ ||
         a.recvcounts.size() != (size_t)size_ || a.rdispls.size() != (size_t)size_)
-      throw InvalidArgument("alltoallv: counts and displacements need one entry per rank (" + std::to_string(size_) + ")");
+      throw InvalidArgument(std::string(name) + ": counts and displacements need one entry per rank (" + std::to_string(size_) + ")");
   }
   if (a.coll == CollType::kBarrier) return;
-  if (a.count > 0 || a.coll == CollType::kAlltoallv) {
+  if (a.count > 0 || vcounts) {
     bool needs_send = a.coll != CollType::kRecv && !(a.coll == CollType::kScatter && a.root != rank_) &&
                       a.coll != CollType::kBroadcast;
     bool needs_recv = a.coll != CollType::kSend && !(a.coll == CollType::kReduce && a.root != rank_) &&
                       !(a.coll == CollType::kGather && a.root != rank_);
     if (a.coll == CollType::kBroadcast && !a.recvbuf) throw InvalidArgument("broadcast: buffer is null");
-    if (a.coll == CollType::kAlltoallv) {
+    if (vcounts) {
       size_t s = std::accumulate(a.sendcounts.begin(), a.sendcounts.end(), size_t{0});
       size_t r = std::accumulate(a.recvcounts.begin(), a.recvcounts.end(), size_t{0});
       needs_send = s > 0;
@@ -537,7 +538,7 @@ void Communicator::validate(const CollArgs& a) const {
     if (needs_send && !a.sendbuf) throw InvalidArgument(std::string(name) + ": send buffer is null");
     if (needs_recv && !a.recvbuf) throw InvalidArgument(std::string(name) + ": receive buffer is null");
   }
-  if (a.coll != CollType::kAlltoallv) checkBuffers(a);
+  if (!vcounts) checkBuffers(a);
   if (!a.opts.algo.empty() && !findAlgorithm(a.coll, a.opts.algo))
     throw InvalidArgument(std::string(name) + ": unknown algorithm '" + a.opts.algo + "' (known: " +
                           algorithmList(a.coll) + ")");
@@ -826,7 +827,7 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     d.root = rooted ? a.root : a.coll == CollType::kAllreduceCoalesced ? layoutHash(a.pieces) : 0;
     d.count = a.count;
     tag = makeTag(d.seq, a.coll, user_dtype, static_cast<ReduceOp>(d.op), static_cast<int>(d.root), d.count, d.algo);
-    check = a.coll != CollType::kBarrier && a.coll != CollType::kAlltoallv && size_ > 1 &&
+    check = a.coll != CollType::kBarrier && !collVcounts(a.coll) && size_ > 1 &&
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
   obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // issue 19: flight recorder
