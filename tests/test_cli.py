@@ -82,3 +82,31 @@ def test_examples_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "harp.launch", "-n", "2", exe], capture_output=True, text=True, env=ENV,
                        timeout=180)
     assert r.returncode == 0 and "2 ranks, sum 3 everywhere" in r.stdout, r.stdout + r.stderr
+
+
+FORK_PROG = """
+import os, sys
+from harp import _harp
+_harp.log(1, "parent line")  # the parent's level is parsed (and cached) here
+for level in ("NONE", "INFO"):
+    pid = os.fork()
+    if pid == 0:  # a launcher's forked rank: its own HARP_DEBUG, set after the fork
+        os.environ["HARP_DEBUG"] = level
+        _harp.log(1, "child warn " + level)
+        _harp.log(2, "child info " + level)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_rank_reads_its_own_harp_debug(tmp_path):
+    """HARP_DEBUG set in a forked child after the fork decides the child's logging: NONE silences
+    WARN lines the parent's cached level would print, INFO shows INFO lines it would hide."""
+    prog = tmp_path / "fork.py"
+    prog.write_text(FORK_PROG)
+    env = {k: v for k, v in ENV.items() if k != "HARP_DEBUG"}
+    r = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "parent line" in r.stderr
+    assert "child warn NONE" not in r.stderr and "child info NONE" not in r.stderr, r.stderr
+    assert "child warn INFO" in r.stderr and "child info INFO" in r.stderr, r.stderr

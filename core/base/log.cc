@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <algorithm>
+#include <pthread.h>
 #include <strings.h>
 
 #include "core/base/env.h"
@@ -24,11 +25,24 @@ LogLevel parseLevel() {
   if (!strcasecmp(v, "TRACE")) return LogLevel::kTrace;
   return LogLevel::kWarn;
 }
+
+// Parsed on first use and again in a forked child at its first use after the
+// fork (launchers fork ranks and set HARP_DEBUG in the child: a level the
+// parent had cached would otherwise win, e.g. WARN lines under HARP_DEBUG=NONE).
+constexpr int kUnparsed = -1;
+std::atomic<int> g_level{kUnparsed};
+std::atomic<int> g_mask{kUnparsed};
+void resetAfterFork() {
+  g_level.store(kUnparsed, std::memory_order_relaxed);
+  g_mask.store(kUnparsed, std::memory_order_relaxed);
+}
+const int g_atfork = pthread_atfork(nullptr, nullptr, resetAfterFork);
 }  // namespace
 
 LogLevel logLevel() {
-  static const LogLevel level = parseLevel();
-  return level;
+  int v = g_level.load(std::memory_order_relaxed);
+  if (v == kUnparsed) g_level.store(v = static_cast<int>(parseLevel()), std::memory_order_relaxed);
+  return static_cast<LogLevel>(v);
 }
 
 void setLogRank(int rank) { g_rank.store(rank); }
@@ -88,7 +102,9 @@ void vlog(LogLevel level, const char* subsys, const char* fmt, va_list ap) {
 }  // namespace
 
 unsigned logSubsysMask() {
-  static const unsigned mask = parseSubsys();
+  int v = g_mask.load(std::memory_order_relaxed);
+  if (v == kUnparsed) g_mask.store(v = static_cast<int>(parseSubsys()), std::memory_order_relaxed);
+  const unsigned mask = static_cast<unsigned>(v);
   return mask;
 }
 

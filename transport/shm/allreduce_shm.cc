@@ -29,6 +29,11 @@
 // rank's own segment (N-1 loads; 2 ranks, 8 bytes: 0.57 -> 0.63 us with the
 // call guard), so a peer that aborted after publishing its input fails the
 // collective here too.
+// Trust: the only peer-written words read are step flags and descriptors,
+// compared and never used as a size or offset; every length copied or
+// reduced comes from this rank's own call (count, dtype, chunk size), so a
+// hostile local peer can spoil the result but not move an access outside the
+// collective buffers (SECURITY.md, "Shared memory").
 // Restrictions: every peer reached by one ShmTransport with a collective area;
 // otherwise it runs the ring algorithm instead (and says so at INFO level).
 // Hosted by the shm transport: it lives in transport/shm/ and reaches its
