@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <algorithm>
+#include <cstdint>
 #include <pthread.h>
 #include <strings.h>
 
@@ -29,9 +30,9 @@ LogLevel parseLevel() {
 // Parsed on first use and again in a forked child at its first use after the
 // fork (launchers fork ranks and set HARP_DEBUG in the child: a level the
 // parent had cached would otherwise win, e.g. WARN lines under HARP_DEBUG=NONE).
-constexpr int kUnparsed = -1;
-std::atomic<int> g_level{kUnparsed};
-std::atomic<int> g_mask{kUnparsed};
+constexpr int64_t kUnparsed = -1;  // never a level or a (32-bit) subsystem mask
+std::atomic<int64_t> g_level{kUnparsed};
+std::atomic<int64_t> g_mask{kUnparsed};
 void resetAfterFork() {
   g_level.store(kUnparsed, std::memory_order_relaxed);
   g_mask.store(kUnparsed, std::memory_order_relaxed);
@@ -40,8 +41,8 @@ const int g_atfork = pthread_atfork(nullptr, nullptr, resetAfterFork);
 }  // namespace
 
 LogLevel logLevel() {
-  int v = g_level.load(std::memory_order_relaxed);
-  if (v == kUnparsed) g_level.store(v = static_cast<int>(parseLevel()), std::memory_order_relaxed);
+  int64_t v = g_level.load(std::memory_order_relaxed);
+  if (v == kUnparsed) g_level.store(v = static_cast<int64_t>(parseLevel()), std::memory_order_relaxed);
   return static_cast<LogLevel>(v);
 }
 
@@ -102,8 +103,8 @@ void vlog(LogLevel level, const char* subsys, const char* fmt, va_list ap) {
 }  // namespace
 
 unsigned logSubsysMask() {
-  int v = g_mask.load(std::memory_order_relaxed);
-  if (v == kUnparsed) g_mask.store(v = static_cast<int>(parseSubsys()), std::memory_order_relaxed);
+  int64_t v = g_mask.load(std::memory_order_relaxed);
+  if (v == kUnparsed) g_mask.store(v = static_cast<int64_t>(parseSubsys()), std::memory_order_relaxed);
   const unsigned mask = static_cast<unsigned>(v);
   return mask;
 }
