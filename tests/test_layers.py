@@ -197,3 +197,35 @@ def test_generated_header_is_allowed_but_only_by_name(tree):
     no = insert_after_includes(tree, "transport/registry.cc", '#include "made_up_reasons.h"')
     rc, out, _ = run_check(tree)
     assert rc == 1 and reports(out) == [("transport/registry.cc", no, "resolves")], out
+
+
+# -- python/harp: no import circle (scripts/check_py_imports.py) ------------------------------------
+PY_SCRIPT = os.path.join(ROOT, "scripts", "check_py_imports.py")
+
+
+def _py_check(root):
+    p = subprocess.run([sys.executable, PY_SCRIPT, "--root", str(root)], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_python_package_has_no_import_circle():
+    rc, out = _py_check(ROOT)
+    assert rc == 0, out
+    assert "no import circle" in out
+
+
+@pytest.mark.parametrize("rel, line, circle", [
+    # a lazy import inside a function is still a circle
+    ("python/harp/_work.py", "def _late():\n    from .comm import Communicator\n", {"harp._work", "harp.comm"}),
+    ("python/harp/horovod/torch/_names.py", "from . import allreduce\n",
+     {"harp.horovod.torch", "harp.horovod.torch._names"}),
+])
+def test_an_injected_import_circle_is_reported(tmp_path, rel, line, circle):
+    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    path = tmp_path / rel
+    path.write_text(path.read_text() + "\n\n" + line)
+    rc, out = _py_check(tmp_path)
+    assert rc == 1, out
+    first = [l for l in out.splitlines() if l.startswith("import circle: ")]
+    assert len(first) == 1 and circle <= set(first[0].split(": ", 1)[1].split(", ")), out

@@ -57,6 +57,7 @@ import numpy as np
 from . import _params
 from ._buffers import address, as_array
 from ._types import Coll, dtype_of, parse_op
+from ._work import _seconds, wait_seconds
 from .errors import InvalidArgumentError, MismatchError
 
 _ALIGN = 64
@@ -258,7 +259,6 @@ class CoalescedWork:
     def wait(self, timeout=None):
         """Block until every reduction finished and the results are in the arrays; returns the list.
         timeout: seconds to wait for the reductions (TimeoutError if not done; call wait again)."""
-        from .comm import wait_seconds
         secs = wait_seconds(timeout, "CoalescedWork.wait: timeout")  # checked whether or not it is needed
         if self._error is not None:
             raise self._error
@@ -291,7 +291,6 @@ class CoalescedWork:
 
 def allreduce_coalesced(comm, tensors, op="sum", *, async_op=False, timeout=None):
     """comm.allreduce_coalesced (see the module doc)."""
-    from .comm import _seconds
     secs = _seconds(timeout)
     code = parse_op(op)
     if isinstance(tensors, (np.ndarray, bytes, bytearray, memoryview)) or hasattr(tensors, "__dlpack__"):

@@ -37,6 +37,7 @@ import numpy as np
 from . import _harp
 from ._buffers import address, as_array
 from ._types import Coll, DataType, ReduceOp, parse_op, typed_count
+from ._work import Work, _seconds
 from .errors import InvalidArgumentError
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -74,7 +75,6 @@ def topk_bytes(count: int, ranks: int, spec: str) -> int:
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", *, compress="none", key=None, dtype=None, async_op=False,
               algo=None, timeout=None):
     """comm.allreduce with an explicit compression spec (see the module doc)."""
-    from .comm import Work, _seconds
     code = parse_op(op)
     send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
     dt, n = typed_count(send, dtype, "allreduce: sendbuf")

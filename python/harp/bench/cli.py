@@ -137,7 +137,9 @@ def progress_mode(a):
 
 
 def _worker_cmd(a, lib, out):
-    return [sys.executable, "-m", "harp.bench.workers", lib, json.dumps(worker_args(a, out))]
+    # interleave drives every library from one rank process (harp.bench.interleave, above workers)
+    mod = "harp.bench.interleave" if lib == "interleave" else "harp.bench.workers"
+    return [sys.executable, "-m", mod, lib, json.dumps(worker_args(a, out))]
 
 
 def _collect(a, lib, out, rc, what):

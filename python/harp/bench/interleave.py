@@ -26,6 +26,7 @@ them into one result per library in harp-bench's usual row format.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -179,5 +180,7 @@ def merge(out, nranks, call_by_call):
     return results
 
 
-if __name__ == "__main__":
-    sys.exit("run through harp-bench --interleave / --torch-overhead")
+if __name__ == "__main__":  # python -m harp.bench.interleave interleave <json-args>, as harp-bench launches it
+    if len(sys.argv) != 3 or sys.argv[1] != "interleave":
+        sys.exit("run through harp-bench --interleave / --torch-overhead")
+    main(json.loads(sys.argv[2]))

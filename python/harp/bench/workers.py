@@ -342,10 +342,6 @@ LIBS = {"harp": HarpLib, "gloo": GlooLib, "mpi": MpiLib, "torch+harp": TorchHarp
 
 def main():
     which, args = sys.argv[1], json.loads(sys.argv[2])
-    if which == "interleave":
-        from .interleave import main as interleaved
-
-        return interleaved(args)
     lib = LIBS[which](args)
     rows = run_sweep(lib, args, lib.rank, lib.size, lib.barrier, lambda x: x)
     check.write_rank(args["out"], which, lib.rank, lib.size, rows)

@@ -63,6 +63,8 @@ import torch
 from harp._buffers import torch_cpu_view
 from harp.errors import HarpError, InvalidArgumentError, MismatchError
 
+from ._names import _OP_NAME, HorovodInternalError
+
 _F = 11
 _SENT = -(1 << 62)
 _MAX_COUNT = 1 << 40  # a joined rank allocates count zeros: refuse a header beyond any real tensor
@@ -131,7 +133,6 @@ def _control(c, h, what):
 
 
 def _internal(e, what):
-    from . import HorovodInternalError
     hint = "" if enabled() else (" (hvd.join() without hvd.init(join=True) works only when every rank calls it "
                                  "at the same point; start every rank with hvd.init(join=True))")
     return HorovodInternalError(f"hvd.{what}: {e}{hint}")
@@ -177,7 +178,6 @@ def guard(c, what):
 
 
 def _zeros_for(c, r, h):
-    from . import _OP_NAME
     if not (0 <= r.count <= _MAX_COUNT and 1 <= r.dtype <= len(_DTYPES) and r.op in _OP_NAME):
         _fail(c, h, "join")
     z = torch.zeros(r.count, dtype=_DTYPES[r.dtype - 1])

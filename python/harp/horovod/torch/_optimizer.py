@@ -27,7 +27,7 @@ import contextlib
 
 import torch
 
-from . import Average, Sum, _cpu, _resolve_op, allreduce_async_, synchronize as _sync
+from ._api import Average, Sum, _cpu, _resolve_op, allreduce_async_, synchronize as _sync
 from ._compression import Compression
 
 

@@ -43,7 +43,8 @@ from harp.errors import HarpError, InvalidArgumentError
 
 from harp import _statewire
 
-from . import _comm, _join, _state, broadcast_parameters, rank
+from . import _join
+from ._api import _comm, _state, broadcast_parameters, rank
 
 __all__ = ["State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "run"]
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""scripts/check_py_imports.py — no import circle among the modules of python/harp.
+
+Usage:
+    python3 scripts/check_py_imports.py [--root DIR]
+
+Reads every .py under DIR/python/harp (default: this checkout), collects each
+import of a harp module — at the top and inside functions alike (a lazy
+import only hides a circle) — and reports every group of modules that import
+each other, directly or through others (a strongly connected component of the
+graph), with the edges inside it. `from . import x` counts as an import of the
+module x when x is a module of the package, else of the package itself; the
+compiled extension (_harp) is a leaf. Exit 0 when there is none, 1 otherwise.
+
+A package's __init__ that gathers names from its modules is fine; a module
+importing its own package's __init__ back is the circle this refuses (put what
+both need in a leaf module instead, as harp._work and
+harp.horovod.torch._names are).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+COMPILED = {"_harp"}  # extension modules of the package: no imports of their own
+
+
+def modules(root: Path) -> dict[str, Path]:
+    base = root / "python"
+    out = {}
+    for path in sorted((base / "harp").rglob("*.py")):
+        name = ".".join(path.relative_to(base).with_suffix("").parts)
+        if name.endswith(".__init__"):
+            name = name[: -len(".__init__")]
+        out[name] = path
+    return out
+
+
+def imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                while parts and ".".join(parts) not in mods:
+                    parts.pop()
+                if parts:
+                    found.add(".".join(parts))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                if node.module:
+                    base += "." + node.module
+            else:
+                base = node.module or ""
+            if base not in mods:
+                continue
+            for a in node.names:
+                if a.name in COMPILED:
+                    continue
+                sub = base + "." + a.name
+                found.add(sub if sub in mods else base)
+    found.discard(name)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    args = ap.parse_args(argv)
+    mods = modules(args.root)
+    graph = {m: imports(m, p, mods) for m, p in mods.items()}
+    found = circles(graph)
+    for comp in found:
+        inside = set(comp)
+        print(f"import circle: {', '.join(comp)}")
+        for m in comp:
+            print(f"  {m} -> {', '.join(sorted(graph[m] & inside))}")
+    if found:
+        return 1
+    print(f"python/harp: {len(mods)} modules, no import circle")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
