@@ -60,6 +60,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_py_imports import circles  # noqa: E402  (strongly connected components, shared)
+
 SOURCE_SUFFIXES = (".h", ".hh", ".hpp", ".c", ".cc", ".cpp", ".cxx", ".inc", ".h.in", ".cc.in")
 TOP_DIRS = ("core", "transport", "bindings")
 # The algorithm API: what an algorithm hosted by a transport may include
@@ -291,36 +294,12 @@ def check_markers(src: Source, out: list[Violation]) -> None:
 
 def check_cycles(files: dict[str, Source], out: list[Violation]) -> None:
     graph = {rel: [(t, no) for no, _, t, _ in s.includes if t in files] for rel, s in files.items()}
-    index, low, stack, on, counter = {}, {}, [], set(), [0]
-    sys.setrecursionlimit(max(10000, 4 * len(graph)))
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w, _ in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or any(t == v for t, _ in graph[v]):
-                first = sorted(comp)[0]
-                no = next(n for t, n in graph[first] if t in comp)
-                out.append(Violation(first, no, " -> ".join(sorted(comp)), "acyclic", "these files include each other"))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    comps = circles({v: {t for t, _ in edges} for v, edges in graph.items()})
+    comps += [[v] for v in sorted(graph) if any(t == v for t, _ in graph[v])]  # a file that includes itself
+    for comp in comps:
+        first = comp[0]
+        no = next(n for t, n in graph[first] if t in comp)
+        out.append(Violation(first, no, " -> ".join(comp), "acyclic", "these files include each other"))
 
 
 def check(root: Path) -> tuple[list[Violation], dict[str, Source]]:
