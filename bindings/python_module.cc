@@ -17,14 +17,14 @@
 #include <pybind11/stl.h>
 
 #include "core/algorithms/registry.h"
-#include "core/base/bootstrap.h"
-#include "core/base/log.h"
+#include "bootstrap/bootstrap.h"
+#include "base/log.h"
 #include "core/communicator.h"
 #include "core/compress.h"
 #include "core/recorder.h"
 #include "core/cost.h"
 #include "core/select.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 #include "transport/transport.h"
 
 namespace py = pybind11;
@@ -283,7 +283,7 @@ PYBIND11_MODULE(_harp, m) {
   m.def("drop_unique_id", [](const std::string& b) { return dropUniqueId(UniqueId::fromBytes(b.data(), b.size())); });
   m.def("store_servers_running", &storeServersRunning);
   m.add_object("run_arrays", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRunArraysDef, nullptr, m.ptr())));
-  // One line through HARP's logger (core/base/log.h: HARP_DEBUG level, "HARP host:pid [rank] LEVEL"
+  // One line through HARP's logger (base/log.h: HARP_DEBUG level, "HARP host:pid [rank] LEVEL"
   // prefix, one write(2)), for the Python side's warnings. level: 1 WARN, 2 INFO, 3 TRACE.
   m.def("log", [](int level, const std::string& msg) {
     if (level < 1 || level > 3) throw InvalidArgument("harp log level must be 1 (WARN), 2 (INFO) or 3 (TRACE), got " + std::to_string(level));

@@ -1,5 +1,5 @@
 #include "core/communicator.h"
-#include "core/base/crypto.h"
+#include "bootstrap/crypto.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,10 +16,10 @@
 #include "core/algorithms/registry.h"
 #include "core/context.h"
 #include "core/recorder.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/rendezvous.h"
-#include "core/base/reduce.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/rendezvous.h"
+#include "base/reduce.h"
 #include "core/keepalive.h"
 #include "core/select.h"
 #include "core/tuning.h"
@@ -225,10 +225,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    CommOptions opts) {
   if (!store) throw InvalidArgument("no store given");
-  env::warnUnknownVariables();  // once per process: misspelt HARP_* variables (core/base/params.def)
+  env::warnUnknownVariables();  // once per process: misspelt HARP_* variables (base/params.def)
   double timeout = resolveTimeout(opts.timeout_s);
   // Check in first: a bad rank/size, a duplicate or a missing rank is
-  // reported to every rank through the store (core/base/rendezvous.h).
+  // reported to every rank through the store (bootstrap/rendezvous.h).
   rendezvous(*store, rank, size, timeout);
   try {
     std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));
@@ -253,7 +253,7 @@ constexpr double kRetiredStoreS = 3;
 
 // A unique id serves one communicator: its store retires once that
 // communicator formed and every rank let go, so a reused id finds nothing
-// listening (core/base/bootstrap.h, UniqueId::listening).
+// listening (bootstrap/bootstrap.h, UniqueId::listening).
 std::shared_ptr<Communicator> Communicator::create(const UniqueId& id, int rank, int size, CommOptions opts) {
   double t = resolveTimeout(opts.timeout_s);
   std::shared_ptr<TcpStore> store;

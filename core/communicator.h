@@ -34,13 +34,13 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/bootstrap.h"
-#include "core/base/store.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/store.h"
 #include "core/cost.h"
 #include "core/scratch.h"
 #include "core/topology.h"
 #include "core/tuning.h"
-#include "core/base/types.h"
+#include "base/types.h"
 #include "transport/transport.h"
 
 namespace harp {

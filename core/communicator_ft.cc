@@ -20,9 +20,9 @@
 #include <sstream>
 #include <thread>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/rendezvous.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/rendezvous.h"
 #include "core/communicator.h"
 #include "core/keepalive.h"
 

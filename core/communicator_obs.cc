@@ -2,9 +2,9 @@
 // retiring and dumping its flight recorder (core/recorder.h).
 #include <algorithm>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/stall.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/stall.h"
 #include "core/communicator.h"
 #include "core/recorder.h"
 

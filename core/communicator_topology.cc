@@ -19,7 +19,7 @@
 // elsewhere; destroy() destroys them.
 #include <cstring>
 
-#include "core/base/log.h"
+#include "base/log.h"
 #include "core/communicator.h"
 
 namespace harp {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
+#include "base/env.h"
+#include "base/log.h"
 
 namespace harp {
 

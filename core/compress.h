@@ -7,7 +7,7 @@
 // and for unmodified programs (Python API, torch backend, NCCL API alike) the
 // environment: HARP_COMPRESS=fp16|bf16|topk:RATIO[,ef] (topk:K with an integer
 // K >= 1 sends K elements), HARP_COMPRESS_MIN_BYTES, HARP_COMPRESS_INTRA,
-// HARP_COMPRESS_FORCE, HARP_COMPRESS_RESIDUAL_BYTES (core/base/params.def).
+// HARP_COMPRESS_FORCE, HARP_COMPRESS_RESIDUAL_BYTES (base/params.def).
 // An explicit spec ("none" included) overrides HARP_COMPRESS for that call.
 //
 // Kinds (each its own algorithm file, with steps and cost):

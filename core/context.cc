@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
+#include "base/env.h"
+#include "base/log.h"
 #include "core/recorder.h"
 
 namespace harp {

@@ -62,7 +62,7 @@
 #include <vector>
 
 #include "core/communicator.h"
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 #include "transport/transport.h"
 
 namespace harp {

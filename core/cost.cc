@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/base/env.h"
-#include "core/base/reduce.h"
+#include "base/env.h"
+#include "base/reduce.h"
 
 namespace harp {
 namespace {

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "core/algorithms/algorithm.h"
-#include "core/base/env.h"
-#include "core/base/folder.h"
-#include "core/base/log.h"
+#include "base/env.h"
+#include "base/folder.h"
+#include "base/log.h"
 #include "core/recorder.h"
 
 namespace harp::obs {

@@ -14,11 +14,11 @@
 #include <chrono>
 #include <cstring>
 
-#include "core/base/crypto.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/socket.h"
-#include "core/base/types.h"
+#include "bootstrap/crypto.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
+#include "base/types.h"
 
 namespace harp {
 namespace {

@@ -47,10 +47,10 @@
 #include <thread>
 
 #include "core/algorithms/registry.h"
-#include "core/base/env.h"
-#include "core/base/folder.h"
-#include "core/base/log.h"
-#include "core/base/socket.h"
+#include "base/env.h"
+#include "base/folder.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
 #include "core/recorder.h"
 
 namespace harp::obs {

@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "core/algorithms/algorithm.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/socket.h"
-#include "core/base/store.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
+#include "bootstrap/store.h"
 #include "core/communicator.h"
 
 namespace harp::obs {

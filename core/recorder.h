@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>

@@ -3,7 +3,7 @@
 // One block of anonymous memory (mmap, not the malloc heap) that the
 // algorithms borrow for partial sums and staging, reused across collectives.
 // Its size is the largest request since the last trim; after each collective
-// the communicator trims it to HARP_SCRATCH_KEEP_BYTES (core/base/params.def):
+// the communicator trims it to HARP_SCRATCH_KEEP_BYTES (base/params.def):
 // a block larger than that goes back to the kernel at once, so a job's resident
 // memory does not keep the high-water mark of its largest message (a 64 MiB
 // integer-avg reduce used to pin 128 MiB for the communicator's life).

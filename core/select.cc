@@ -1,6 +1,6 @@
 #include "core/select.h"
 
-#include "core/base/env.h"
+#include "base/env.h"
 
 #include <cmath>
 #include <cstdio>

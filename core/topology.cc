@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 #include "core/communicator.h"
 
 namespace harp {

@@ -2,7 +2,7 @@
 // two legs of a hierarchical collective.
 //
 // Topology is the host map of one communicator, computed once at creation from
-// the confirmed host keys (core/base/bootstrap.h: thisHost, confirmHostIds):
+// the confirmed host keys (bootstrap/bootstrap.h: thisHost, confirmHostIds):
 //
 //   Topology t = Topology::fromPeers(peers, nics);
 //   t.hosts                 // 2 hosts, ordered by their lowest rank
@@ -16,7 +16,7 @@
 // beyond the smallest host have fewer members, and algorithms that need equal
 // hosts declare it (Restrictions::uniform_hosts, core/algorithms/algorithm.h).
 // `nics` is display only (harp.topology, HARP_DEBUG=INFO): each rank's
-// interfaces as "name=address,..." (core/base/socket.h findInterfaces).
+// interfaces as "name=address,..." (bootstrap/socket.h findInterfaces).
 //
 // SubComms are the communicators a hierarchical algorithm runs on: `intra`
 // (this host's ranks; shm where it reaches) and `rail` (this rank's rail,
@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "transport/transport.h"
 
 namespace harp {

@@ -3,7 +3,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/base/env.h"
+#include "base/env.h"
 
 namespace harp {
 extern const char* const kBuiltinTuningTable;

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace harp {
 

@@ -4,12 +4,14 @@
 Usage:
     python3 scripts/check_layers.py [--root DIR] [--quiet]
 
-Reads every C/C++ source under core/, transport/ and bindings/ of the tree at
---root (default: this checkout), resolves each #include "..." (and each
-#include <core/...>, <transport/...>, <bindings/...>) to a file of the tree, and
-checks that the layers only point down:
+Reads every C/C++ source under base/, bootstrap/, core/, transport/ and
+bindings/ of the tree at --root (default: this checkout), resolves each
+#include "..." (and each #include <base/...>, <core/...>, ...) to a file of the
+tree, and checks that the layers only point down. The folders are the layers
+(LAYERS below, lowest first):
 
-    base        core/base/**                      (types, env, log, socket, store, ...)
+    base        base/**                           (types, vocab, params, env, log, reduce)
+    bootstrap   bootstrap/**                      (socket, crypto, store, rendezvous, bootstrap)
     transports  transport/*.{h,cc}                (the interface, registry, handshake)
                 transport/<name>/**               (one transport each)
     algorithm   core/context.h, core/algorithms/*.h   (the algorithm API)
@@ -17,8 +19,9 @@ checks that the layers only point down:
     bindings    bindings/**                       (Python, NCCL C API)
 
 Rules (the name in brackets is what a violation report says):
-  [base-only]       core/base/** includes only core/base/**.
-  [transport-only]  transport/** includes only core/base/** and transport/*
+  [base-only]       base/** includes only base/**.
+  [bootstrap-only]  bootstrap/** includes only base/** and bootstrap/**.
+  [transport-only]  transport/** includes only base/**, bootstrap/** and transport/*
                     (the files directly in transport/); a file in
                     transport/<name>/ may also include its own folder, never
                     another transport's (transport/<other>/...), and a file
@@ -30,7 +33,7 @@ Rules (the name in brackets is what a violation report says):
                         // harp-layer: algorithm
                     (a line of its own, before the includes). The marker
                     anywhere else is itself a violation.
-  [engine-interface] The engine (core/ outside core/base/) includes from
+  [engine-interface] The engine (core/) includes from
                     transport/ only the interface, transport/transport.h —
                     never a concrete transport header (transport/<name>/...).
   [engine-no-concrete] Engine code (comments and strings aside) contains no
@@ -64,7 +67,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_py_imports import circles  # noqa: E402  (strongly connected components, shared)
 
 SOURCE_SUFFIXES = (".h", ".hh", ".hpp", ".c", ".cc", ".cpp", ".cxx", ".inc", ".h.in", ".cc.in")
-TOP_DIRS = ("core", "transport", "bindings")
+# The layers, lowest first: (name, folder). An arrow may only point to its own
+# layer or one listed before it (the transport and engine rules add detail).
+LAYERS = (("base", "base/"), ("bootstrap", "bootstrap/"), ("transport", "transport/"),
+          ("engine", "core/"), ("bindings", "bindings/"))
+TOP_DIRS = tuple(folder.rstrip("/") for _, folder in LAYERS)
 # The algorithm API: what an algorithm hosted by a transport may include
 # besides base and transport headers (fnmatch patterns): the Context and the
 # headers in core/algorithms/ (registry.h and the helpers algorithms share).
@@ -100,14 +107,9 @@ class Source:
 
 
 def layer_of(rel: str) -> str:
-    if rel.startswith("core/base/"):
-        return "base"
-    if rel.startswith("core/"):
-        return "engine"
-    if rel.startswith("transport/"):
-        return "transport"
-    if rel.startswith("bindings/"):
-        return "bindings"
+    for name, folder in LAYERS:
+        if rel.startswith(folder):
+            return name
     return "other"
 
 
@@ -236,7 +238,9 @@ def check_includes(src: Source, out: list[Violation]) -> None:
         if t_layer == "bindings" and layer != "bindings":
             bad("no-bindings", f"{layer} code must not include the bindings")
         elif layer == "base" and t_layer != "base":
-            bad("base-only", f"core/base/ includes only core/base/, not the {t_layer} layer ({target})")
+            bad("base-only", f"base/ includes only base/, not the {t_layer} layer ({target})")
+        elif layer == "bootstrap" and t_layer not in ("base", "bootstrap"):
+            bad("bootstrap-only", f"bootstrap/ includes only base/ and bootstrap/, not the {t_layer} layer ({target})")
         elif layer == "transport":
             check_transport_include(src, own, target, t_layer, t_folder, bad)
         elif layer == "engine" and t_layer == "transport" and target not in TRANSPORT_API:
@@ -245,7 +249,7 @@ def check_includes(src: Source, out: list[Violation]) -> None:
 
 
 def check_transport_include(src: Source, own, target, t_layer, t_folder, bad) -> None:
-    if t_layer == "base":
+    if t_layer in ("base", "bootstrap"):
         return
     if t_layer == "transport":
         if t_folder is None or t_folder == own:
@@ -263,7 +267,7 @@ def check_transport_include(src: Source, own, target, t_layer, t_folder, bad) ->
         bad("hosted-algorithm", f"only a file a transport hosts as an algorithm (marker line '// harp-layer: "
             f"algorithm', in transport/<name>/) may include the algorithm API ({target})")
     else:
-        allowed = "core/base/, transport/" + (" and the algorithm API " + ", ".join(ALGORITHM_API) if src.hosted else "")
+        allowed = "base/, bootstrap/, transport/" + (" and the algorithm API " + ", ".join(ALGORITHM_API) if src.hosted else "")
         bad("transport-only", f"transport code includes only {allowed}, not {target} ({t_layer} layer)")
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check HARP's vocabulary mirrors against core/base/vocab.def (the one list).
+"""Check HARP's vocabulary mirrors against base/vocab.def (the one list).
 
     python3 scripts/check_vocab.py [--root DIR] [--stamp FILE]
 
@@ -91,13 +91,13 @@ class Checker:
             if k not in got:
                 self.fail(where, f"{what} {k} is missing (vocab.def: {want[k]})")
             elif k not in want:
-                self.fail(where, f"{what} {k} = {got[k]} is not in core/base/vocab.def")
+                self.fail(where, f"{what} {k} = {got[k]} is not in base/vocab.def")
             elif got[k] != want[k]:
-                self.fail(where, f"{what} {k} = {got[k]}, core/base/vocab.def says {want[k]}")
+                self.fail(where, f"{what} {k} = {got[k]}, base/vocab.def says {want[k]}")
 
 
 def check_def(c, v):
-    where = "core/base/vocab.def"
+    where = "base/vocab.def"
     for kind, rows, idx in (("HARP_DTYPE", v.dtypes, 2), ("HARP_REDOP", v.ops, 2), ("HARP_COLL", v.colls, 2),
                             ("HARP_ERROR", v.errors, 1)):
         if not rows:
@@ -269,7 +269,7 @@ def check_nccl_switches(c, v):
 
 def check(root):
     c = Checker(root)
-    v = Vocab(c.read("core/base/vocab.def"))
+    v = Vocab(c.read("base/vocab.def"))
     for step in (check_def, check_types_py, check_errors, check_nccl_h, check_nccl_py, check_nccl_switches):
         try:
             step(c, v)
@@ -287,7 +287,7 @@ def main(argv=None):
     for e in errors:
         print(f"check_vocab: {e}", file=sys.stderr)
     if errors:
-        print(f"check_vocab: {len(errors)} mismatch(es) with core/base/vocab.def", file=sys.stderr)
+        print(f"check_vocab: {len(errors)} mismatch(es) with base/vocab.def", file=sys.stderr)
         return 1
     if a.stamp:
         with open(a.stamp, "w") as f:

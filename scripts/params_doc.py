@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/params.md from core/base/params.def (the parameter registry).
+"""Write docs/params.md from base/params.def (the parameter registry).
 
     python3 scripts/params_doc.py           # regenerate docs/params.md
     python3 scripts/params_doc.py --check   # exit 1 (naming the file) when it is stale

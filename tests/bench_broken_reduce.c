@@ -3,7 +3,7 @@
  * Build: cc -shared -fPIC -o broken.so tests/bench_broken_reduce.c
  * Use:   LD_PRELOAD=$PWD/broken.so harp-bench allreduce ...
  *
- * core/base/reduce.cc looks this symbol up once (dlsym) and, when a process
+ * base/reduce.cc looks this symbol up once (dlsym) and, when a process
  * defines it, calls it after every reduction kernel with the output. It flips
  * bit 6 of the most significant byte of the first element (for float32 an
  * exponent bit: 2.0 becomes ~4e-38 or 8.5e37), so every reduced buffer carries

@@ -3,7 +3,7 @@
 On one machine every rank shares a host, so shared memory (priority 30) wins
 the automatic choice and "verbs (20) / dpdk (15) is preferred to tcp (10)" is
 never exercised. HARP's host identity is boot id + network namespace + IPC
-namespace (core/base/bootstrap.cc thisHost(), compared by the shm transport's
+namespace (bootstrap/bootstrap.cc thisHost(), compared by the shm transport's
 `reachable`). A rank that moves into its own IPC namespace before harp.init()
 is therefore, to HARP, a rank on another host: shm cannot reach it, while its
 network (loopback TCP, the rxe device, memif's unix socket and memfd) is

@@ -1,4 +1,4 @@
-"""The parameter registry (core/base/params.def): every HARP_* name declared once,
+"""The parameter registry (base/params.def): every HARP_* name declared once,
 defaults taken from it, harp-config --params, unknown-variable warnings, docs/params.md.
 
 The C++ side (readers refuse undeclared or mistyped names, defaults come from
@@ -19,10 +19,10 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 NAME = re.compile(r"HARP_[A-Z0-9_]+")
 
 # HARP_* words in the tree that are not environment variables, and why. Everything
-# else must be declared in core/base/params.def.
+# else must be declared in base/params.def.
 NON_PARAMETERS = {
-    "HARP_PARAM": "the X-macro of core/base/params.def",
-    "HARP_LOG": "C++ logging macro (core/base/log.h)",
+    "HARP_PARAM": "the X-macro of base/params.def",
+    "HARP_LOG": "C++ logging macro (base/log.h)",
     "HARP_WARN": "C++ logging macro",
     "HARP_INFO": "C++ logging macro",
     "HARP_TRACE": "C++ logging macro",
@@ -61,12 +61,12 @@ NON_PARAMETERS = {
 }
 NON_PARAMETERS.update(dict.fromkeys(
     ("HARP_DTYPE", "HARP_DTYPE_ALIAS", "HARP_NCCL_DTYPE_ALIAS", "HARP_REDOP", "HARP_REDOP_ALIAS", "HARP_COLL",
-     "HARP_ERROR", "HARP_NCCL_RESULT", "HARP_NCCL_COUNT"), "X-macros of core/base/vocab.def"))
+     "HARP_ERROR", "HARP_NCCL_RESULT", "HARP_NCCL_COUNT"), "X-macros of base/vocab.def"))
 # Deliberately misspelt or placeholder names: the examples of unknown variables in docs and tests.
 NON_PARAMETERS.update(dict.fromkeys(("HARP_TRANSPRT", "HARP_TIMEUOT", "HARP_SEGMENT_BYTE", "HARP_SOCKET_IFNAM",
                                      "HARP_X"), "an example of an unknown name (docs, tests)"))
 # Files where HARP_* words are history or the registry itself.
-SKIP = {"CHANGELOG.md", "core/base/params.def", "docs/params.md"}
+SKIP = {"CHANGELOG.md", "base/params.def", "docs/params.md"}
 
 
 def source_files():
@@ -111,7 +111,7 @@ def test_every_harp_name_in_the_tree_is_declared():
             if name.endswith("_") and any(d.startswith(name) for d in declared):
                 continue  # a prefix: HARP_SHM_*, HARP_LOCAL_*
             bad.setdefault(name, set()).add(rel)
-    assert not bad, "HARP_* names neither declared in core/base/params.def nor listed in NON_PARAMETERS: " + \
+    assert not bad, "HARP_* names neither declared in base/params.def nor listed in NON_PARAMETERS: " + \
         "; ".join(f"{k} ({', '.join(sorted(v))})" for k, v in sorted(bad.items()))
 
 

@@ -3,7 +3,7 @@ its authentication, its listener under a connection flood, timeouts, start-up
 diagnostics, one communicator per unique id, and leaks.
 
 Servers and ranks run as subprocesses, so a crash shows up as a dead process
-and a rank's stderr can be read. The store's wire format is in core/base/store.cc;
+and a rank's stderr can be read. The store's wire format is in bootstrap/store.cc;
 this file speaks it with a small Python client (StoreClient).
 """
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _recv_exact(s, n):
 
 
 class StoreClient:
-    """The store protocol of core/base/store.cc, in Python."""
+    """The store protocol of bootstrap/store.cc, in Python."""
 
     def __init__(self, addr, secret, timeout=30):
         self.key = hmac.new(secret, b"HARP-KEY1|store", hashlib.sha256).digest()

@@ -1,11 +1,11 @@
-"""One vocabulary: core/base/vocab.def, and scripts/check_vocab.py, which the build
+"""One vocabulary: base/vocab.def, and scripts/check_vocab.py, which the build
 runs to hold every mirror to it (python/harp/_types.py, errors.py, nccl.py,
 bindings/nccl/nccl.h, the NCCL and Python mapping switches in bindings/).
 
 Each mutation test copies the checked files to a temporary tree, changes one
 value in one mirror, runs the checker there and expects it to fail naming the
 file and the entry. The C++ enums are built from vocab.def itself
-(core/base/types.h); the last tests compare the running library with it.
+(base/types.h); the last tests compare the running library with it.
 """
 import os
 import shutil
@@ -19,7 +19,7 @@ from harp._types import ITEMSIZE, Coll, DataType, ReduceOp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKER = os.path.join(ROOT, "scripts", "check_vocab.py")
-FILES = ["core/base/vocab.def", "python/harp/_types.py", "python/harp/errors.py", "python/harp/nccl.py",
+FILES = ["base/vocab.def", "python/harp/_types.py", "python/harp/errors.py", "python/harp/nccl.py",
          "bindings/nccl/nccl.h", "bindings/nccl/nccl_common.cc", "bindings/nccl/nccl_coll.cc",
          "bindings/python_module.cc"]
 
@@ -45,42 +45,42 @@ def test_the_tree_agrees_with_vocab_def(tree):
 
 MUTATIONS = [
     ("python/harp/_types.py", "    float32 = 8\n", "    float32 = 7\n",
-     "python/harp/_types.py: DataType float32 = 7, core/base/vocab.def says 8"),
+     "python/harp/_types.py: DataType float32 = 7, base/vocab.def says 8"),
     ("python/harp/_types.py", "DataType.float64: 8,", "DataType.float64: 4,",
-     "python/harp/_types.py: ITEMSIZE float64 = 4, core/base/vocab.def says 8"),
+     "python/harp/_types.py: ITEMSIZE float64 = 4, base/vocab.def says 8"),
     ("python/harp/_types.py", '"mean": ReduceOp.AVG', '"mean": ReduceOp.SUM',
-     "python/harp/_types.py: _OP_NAMES mean = sum, core/base/vocab.def says avg"),
+     "python/harp/_types.py: _OP_NAMES mean = sum, base/vocab.def says avg"),
     ("python/harp/_types.py", "    p2p_batch = 12\n", "    p2p_batch = 12\n    gossip = 13\n",
-     "python/harp/_types.py: Coll gossip = 13 is not in core/base/vocab.def"),
+     "python/harp/_types.py: Coll gossip = 13 is not in base/vocab.def"),
     ("python/harp/_types.py", "np.dtype(np.int32): DataType.int32", "np.dtype(np.int16): DataType.int32",
      "python/harp/_types.py: _NP_TO_DT numpy dtype int32 is missing"),
     ("python/harp/_types.py", '"double": "float64"', '"double": "float32"',
-     "python/harp/_types.py: parse_dtype alias double = float32, core/base/vocab.def says float64"),
+     "python/harp/_types.py: parse_dtype alias double = float32, base/vocab.def says float64"),
     ("python/harp/errors.py", "class PeerError(HarpError):", "class PeerFailure(HarpError):",
      "python/harp/errors.py: no class PeerError"),
     ("bindings/python_module.cc", '"InvalidArgumentError", "MismatchError", "PeerError"',
      '"InvalidArgumentError", "PeerError", "MismatchError"',
-     "bindings/python_module.cc: translate() names[] Error kind 1 = PeerError, core/base/vocab.def says MismatchError"),
+     "bindings/python_module.cc: translate() names[] Error kind 1 = PeerError, base/vocab.def says MismatchError"),
     ("bindings/nccl/nccl.h", "  ncclFloat32 = 7,\n", "  ncclFloat32 = 8,\n",
-     "bindings/nccl/nccl.h: ncclDataType_t ncclFloat32 = 8, core/base/vocab.def says 7"),
+     "bindings/nccl/nccl.h: ncclDataType_t ncclFloat32 = 8, base/vocab.def says 7"),
     ("bindings/nccl/nccl.h", "  ncclRemoteError = 6,\n", "  ncclRemoteError = 9,\n",
-     "bindings/nccl/nccl.h: ncclResult_t ncclRemoteError = 9, core/base/vocab.def says 6"),
+     "bindings/nccl/nccl.h: ncclResult_t ncclRemoteError = 9, base/vocab.def says 6"),
     ("python/harp/nccl.py", "NCCL_MAX = 2\n", "NCCL_MAX = 3\n",
-     "python/harp/nccl.py: constant NCCL_MAX = 3, core/base/vocab.def says 2"),
+     "python/harp/nccl.py: constant NCCL_MAX = 3, base/vocab.def says 2"),
     ("bindings/nccl/nccl_common.cc", "case ncclFloat32: return DataType::kFloat32;",
      "case ncclFloat32: return DataType::kFloat64;",
-     "bindings/nccl/nccl_common.cc: toDtype case ncclFloat32 = kFloat64, core/base/vocab.def says kFloat32"),
+     "bindings/nccl/nccl_common.cc: toDtype case ncclFloat32 = kFloat64, base/vocab.def says kFloat32"),
     ("bindings/nccl/nccl_coll.cc", "case ncclMax: return ReduceOp::kMax;", "case ncclMax: return ReduceOp::kMin;",
-     "bindings/nccl/nccl_coll.cc: toOp case ncclMax = kMin, core/base/vocab.def says kMax"),
+     "bindings/nccl/nccl_coll.cc: toOp case ncclMax = kMin, base/vocab.def says kMax"),
     ("bindings/nccl/nccl_common.cc", "case Error::kMismatch: return ncclInvalidUsage;",
      "case Error::kMismatch: return ncclInternalError;",
      "bindings/nccl/nccl_common.cc: resultOf: Error::kMismatch does not return ncclInvalidUsage"),
     # The one list itself: NCCL's ABI is pinned, and values must stay dense.
-    ("core/base/vocab.def", "HARP_DTYPE(bfloat16, kBfloat16, 7, 2, bfloat16, ncclBfloat16, 9)",
+    ("base/vocab.def", "HARP_DTYPE(bfloat16, kBfloat16, 7, 2, bfloat16, ncclBfloat16, 9)",
      "HARP_DTYPE(bfloat16, kBfloat16, 7, 2, bfloat16, ncclBfloat16, 8)",
-     "core/base/vocab.def (against NCCL's ABI): ncclDataType_t ncclBfloat16 = 8, core/base/vocab.def says 9"),
-    ("core/base/vocab.def", "HARP_REDOP(bxor, kBxor, 7,", "HARP_REDOP(bxor, kBxor, 9,",
-     "core/base/vocab.def: HARP_REDOP(bxor) has value 9; values must be 0, 1, 2, ... in order"),
+     "base/vocab.def (against NCCL's ABI): ncclDataType_t ncclBfloat16 = 8, base/vocab.def says 9"),
+    ("base/vocab.def", "HARP_REDOP(bxor, kBxor, 7,", "HARP_REDOP(bxor, kBxor, 9,",
+     "base/vocab.def: HARP_REDOP(bxor) has value 9; values must be 0, 1, 2, ... in order"),
 ]
 
 

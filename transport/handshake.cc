@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/base/crypto.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "bootstrap/crypto.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp::transport {
 

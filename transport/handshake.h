@@ -46,7 +46,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 
 namespace harp::transport {
 

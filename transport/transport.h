@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace harp::transport {
 

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp::cuda {
 namespace {

@@ -53,7 +53,7 @@ typedef struct {
 } ncclUniqueId;
 
 /* Result codes. The enum values here are NCCL's public ABI; the build checks
- * them against core/base/vocab.def (scripts/check_vocab.py). */
+ * them against base/vocab.def (scripts/check_vocab.py). */
 typedef enum {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,

@@ -26,9 +26,9 @@
 
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/probe.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/probe.h"
 
 using namespace harp;
 using namespace harp::nccl;
@@ -158,7 +158,7 @@ void usesOf(const Op& o, std::vector<Use>& u) {
 
 // Issue 12 item 12: host buffers the kernel says are unmapped (or read-only
 // where the call writes) are refused here, naming the buffer; the shm
-// transport and the reduce kernels would fault on them (core/base/probe.h).
+// transport and the reduce kernels would fault on them (base/probe.h).
 ncclResult_t probeHostBuffers(const Op& o) {
   std::vector<Use> uses;
   usesOf(o, uses);

@@ -14,8 +14,8 @@
 #include <strings.h>
 
 #include "bindings/nccl/nccl_internal.h"
-#include "core/base/log.h"
-#include "core/base/reduce.h"
+#include "base/log.h"
+#include "base/reduce.h"
 
 #ifndef HARP_VERSION_STRING
 #define HARP_VERSION_STRING "unknown"

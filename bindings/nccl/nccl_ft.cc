@@ -20,7 +20,7 @@
 
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
-#include "core/base/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 
 using namespace harp;
 using namespace harp::nccl;

@@ -18,8 +18,8 @@
 
 #include "bindings/nccl/nccl_export.h"
 #include "bindings/nccl/nccl_internal.h"
-#include "core/base/bootstrap.h"
-#include "core/base/log.h"
+#include "bootstrap/bootstrap.h"
+#include "base/log.h"
 
 #ifndef HARP_VERSION_STRING
 #define HARP_VERSION_STRING "unknown"

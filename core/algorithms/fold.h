@@ -7,7 +7,7 @@
 #pragma once
 
 #include "core/algorithms/registry.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 namespace harp::fold {
 

@@ -10,7 +10,7 @@
 #pragma once
 
 #include "core/algorithms/algorithm.h"
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace harp::hier {
 

@@ -9,7 +9,7 @@
 // bytes per rank alongside the data, one extra latency for ranks that only
 // send (2 ranks, 8 bytes: shm +0.5 us, tcp +15 us).
 #include "core/algorithms/registry.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 namespace harp {
 

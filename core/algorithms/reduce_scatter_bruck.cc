@@ -29,7 +29,7 @@
 #include <algorithm>
 
 #include "core/algorithms/registry.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 namespace harp {
 

@@ -28,7 +28,7 @@
 // Cost (p = 2^k): log2 p·alpha + (p-1)·count·(beta + gamma).
 // p != 2^k adds 2·alpha + (p+1)·count·beta + p·count·gamma (the fold).
 #include "core/algorithms/registry.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 namespace harp {
 

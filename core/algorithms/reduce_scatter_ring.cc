@@ -6,7 +6,7 @@
 // never modified (partial sums live in scratch).
 // Cost: (p-1)·(alpha + count·beta + count·gamma).
 #include "core/algorithms/registry.h"
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 namespace harp {
 

@@ -1,10 +1,10 @@
 """HARP's parameter registry, read from the same list as the C++ core.
 
-Every HARP_* environment variable is declared once in core/base/params.def
+Every HARP_* environment variable is declared once in base/params.def
 (installed beside this file as params.def): name, type, default, scope and one
 line of doc. This module parses that file (it imports nothing from harp, so
 scripts may load it by path) and gives Python code the same rules as
-core/base/env.h:
+base/env.h:
 
     from harp import _params
     bind = _params.get("HARP_LAUNCH_BIND")   # the value, or the declared default
@@ -37,10 +37,10 @@ def def_path() -> str:
     """params.def: beside this file in an installed package, else in the source tree."""
     here = os.path.dirname(os.path.abspath(__file__))
     for p in (os.path.join(here, "params.def"),
-              os.path.join(os.path.dirname(os.path.dirname(here)), "core", "base", "params.def")):
+              os.path.join(os.path.dirname(os.path.dirname(here)), "base", "params.def")):
         if os.path.exists(p):
             return p
-    raise FileNotFoundError("harp: params.def not found beside harp/_params.py or in core/base/")
+    raise FileNotFoundError("harp: params.def not found beside harp/_params.py or in base/ of the source tree")
 
 
 def parse(text: str, where: str = "params.def") -> dict:
@@ -76,7 +76,7 @@ def params() -> dict:
 def declared(name: str) -> Param:
     p = params().get(name)
     if p is None:
-        raise LookupError(f"{name} is read but not declared in core/base/params.def "
+        raise LookupError(f"{name} is read but not declared in base/params.def "
                           f"(declare it there, with its type, default and doc; nearest: {nearest(name)})")
     return p
 
@@ -109,7 +109,7 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def nearest(name: str) -> str:
-    """The declared name closest to `name` (ties: the first declared), as core/base/params.cc picks it."""
+    """The declared name closest to `name` (ties: the first declared), as base/params.cc picks it."""
     best, best_d = None, None
     for p in params():
         d = edit_distance(name, p)
@@ -177,9 +177,9 @@ def table(environ=None) -> list:
 def markdown() -> str:
     """docs/params.md: the table of every parameter, generated from params.def."""
     out = ["# HARP parameters", "",
-           "<!-- Generated from core/base/params.def by scripts/params_doc.py; do not edit. -->", "",
+           "<!-- Generated from base/params.def by scripts/params_doc.py; do not edit. -->", "",
            "Every `HARP_*` environment variable HARP reads, declared once in "
-           "[core/base/params.def](../core/base/params.def). `harp-config --params` lists them with their "
+           "[base/params.def](../base/params.def). `harp-config --params` lists them with their "
            "current values and where each came from; an unknown `HARP_*` variable gets a warning naming the "
            "nearest known one.", ""]
     for scope in SCOPES:

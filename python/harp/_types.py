@@ -1,6 +1,6 @@
 """Datatypes, reduction ops and collective codes shared with the C++ core.
 
-The one list is core/base/vocab.def (the C++ enums are built from it); the
+The one list is base/vocab.def (the C++ enums are built from it); the
 classes, ITEMSIZE, _NP_TO_DT, _OP_NAMES and parse_dtype's aliases below mirror it
 and scripts/check_vocab.py, run by the build, fails on any difference. The
 integer values are part of the binding ABI.
@@ -73,7 +73,7 @@ _OP_NAMES = {
     "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
 }
 
-# Bytes per element of each HARP datatype (core/base/types.cc dtypeSize).
+# Bytes per element of each HARP datatype (base/types.cc dtypeSize).
 ITEMSIZE = {DataType.int8: 1, DataType.uint8: 1, DataType.int32: 4, DataType.uint32: 4, DataType.int64: 8,
             DataType.uint64: 8, DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4,
             DataType.float64: 8, DataType.bool: 1}

@@ -76,7 +76,7 @@ _claimed: set = set()  # (unique id, rank) pairs this process has joined
 
 def _claim(uid: bytes, rank):
     """One unique id, one communicator: refuse a second join of the same (id, rank) in this process
-    at once (the store refuses it across processes, core/base/rendezvous.h)."""
+    at once (the store refuses it across processes, bootstrap/rendezvous.h)."""
     key = (bytes(uid), int(rank) if isinstance(rank, int) else rank)
     if key in _claimed:
         raise InvalidArgumentError(

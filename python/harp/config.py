@@ -14,7 +14,7 @@
     harp-config --libdir      directory holding libharp.so and the transport modules
     harp-config --params [--json]
                               every HARP_* parameter: type, current value and where it came
-                              from (environment / default), scope and doc (core/base/params.def)
+                              from (environment / default), scope and doc (base/params.def)
     harp-config --explain COLL SIZE [--ranks P] [--transport T] [--dtype D] [--op OP]
                               [--in-place] [--algo NAME] [--hosts H --ppn N|N1,N2,...]
                               every algorithm of COLL with its restrictions (ok / failed: which),

@@ -43,7 +43,7 @@ from .errors import InvalidArgumentError
 
 NCCL_UNIQUE_ID_BYTES = 128
 
-# NCCL's enum values (public ABI), mirrored from core/base/vocab.def and checked against it at build
+# NCCL's enum values (public ABI), mirrored from base/vocab.def and checked against it at build
 # time (scripts/check_vocab.py).
 # ncclResult_t
 NCCL_SUCCESS = 0

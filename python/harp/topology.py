@@ -13,7 +13,7 @@ Hosts are ordered by their lowest rank. A host key is the kernel's boot id with
 the network, IPC and mount namespace inodes (so containers and harp-cluster
 hosts on one kernel are different hosts), or HARP_HOSTID when set; ranks that
 claim one key are confirmed by a shared-memory probe when the communicator is
-created (core/base/bootstrap.h). Hosts may hold different numbers of ranks.
+created (bootstrap/bootstrap.h). Hosts may hold different numbers of ranks.
 `nics` lists each rank's interfaces, "name=address,...", for display.
 
 Local: no communication (the map was exchanged when the communicator formed).

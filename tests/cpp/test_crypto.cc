@@ -2,7 +2,7 @@
 // RFC 4231), and the challenge-response's binding properties.
 #include <gtest/gtest.h>
 
-#include "core/base/crypto.h"
+#include "bootstrap/crypto.h"
 
 using namespace harp;
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "core/base/socket.h"
-#include "core/base/types.h"
+#include "bootstrap/socket.h"
+#include "base/types.h"
 #include "transport/handshake.h"
 
 using namespace harp;

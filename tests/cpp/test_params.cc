@@ -1,4 +1,4 @@
-// tests/cpp/test_params.cc — the parameter registry (core/base/params.def) and
+// tests/cpp/test_params.cc — the parameter registry (base/params.def) and
 // the env readers that take their defaults from it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -7,9 +7,9 @@
 #include <set>
 #include <string>
 
-#include "core/base/env.h"
-#include "core/base/params.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/params.h"
+#include "base/types.h"
 
 using namespace harp;
 

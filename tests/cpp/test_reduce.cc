@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 using namespace harp;
 

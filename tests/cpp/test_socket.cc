@@ -5,10 +5,10 @@
 #include <chrono>
 #include <thread>
 
-#include "core/base/bootstrap.h"
-#include "core/base/socket.h"
-#include "core/base/store.h"
-#include "core/base/types.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/socket.h"
+#include "bootstrap/store.h"
+#include "base/types.h"
 
 using namespace harp;
 

@@ -8,10 +8,10 @@
 #include <limits>
 #include <random>
 
-#include "core/base/env.h"
-#include "core/base/socket.h"
-#include "core/base/store.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "bootstrap/socket.h"
+#include "bootstrap/store.h"
+#include "base/types.h"
 
 using namespace harp;
 using namespace harp::store_wire;

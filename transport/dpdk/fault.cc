@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "core/base/env.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/types.h"
 
 namespace harp::dpdk {
 

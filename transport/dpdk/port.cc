@@ -26,10 +26,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/base/env.h"
-#include "core/base/folder.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/folder.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp::dpdk {
 namespace {

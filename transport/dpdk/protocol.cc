@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "core/base/log.h"
-#include "core/base/socket.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
 
 namespace harp::dpdk {
 

@@ -43,10 +43,10 @@
 #include <cstring>
 
 #include "core/algorithms/registry.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/reduce.h"
-#include "core/base/socket.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/reduce.h"
+#include "bootstrap/socket.h"
 #include "transport/shm/shm_transport.h"
 
 namespace harp {

@@ -15,9 +15,9 @@
 #include <cstring>
 #include <set>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/socket.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
 #include "transport/handshake.h"
 #include "transport/shm/shm_transport.h"
 

@@ -14,9 +14,9 @@
 #include <climits>
 #include <cstring>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp::transport::shm {
 namespace {

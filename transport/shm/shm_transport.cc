@@ -13,10 +13,10 @@
 #include <cstring>
 #include <thread>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/stall.h"
-#include "core/base/socket.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/stall.h"
+#include "bootstrap/socket.h"
 
 namespace harp::transport::shm {
 
@@ -570,7 +570,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
     // rank must then see the condition too and report the same error itself.
     if (cond() || failIfBroken()) return;
     if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
-    // Stall warning (issue 19, core/base/stall.h): nothing before kMinStallS.
+    // Stall warning (issue 19, base/stall.h): nothing before kMinStallS.
     watch.tick(ns * 1e-9, [&] {
       std::string m = timeout_msg();
       size_t at = m.find("waiting for rank(s) ");

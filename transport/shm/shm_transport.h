@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 

@@ -35,8 +35,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
+#include "base/env.h"
+#include "base/log.h"
 #include "transport/handshake.h"
 #include "transport/tcp/tcp.h"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 

@@ -30,7 +30,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/base/log.h"
+#include "base/log.h"
 #include "transport/tcp/tcp.h"
 
 namespace harp::transport::tcp {

@@ -29,8 +29,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
+#include "base/env.h"
+#include "base/log.h"
 #include "transport/tcp/tcp.h"
 
 namespace harp::transport::tcp {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/base/env.h"
+#include "base/env.h"
 
 namespace harp::transport::verbs {
 

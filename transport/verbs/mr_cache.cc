@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp::transport::verbs {
 

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "transport/transport.h"
 #include "transport/verbs/verbs.h"
 

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <random>
 
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/log.h"
+#include "base/types.h"
 #include "transport/verbs/verbs.h"
 
 namespace harp::transport::verbs {

@@ -17,8 +17,8 @@
 // Called only by the transport's driving thread, under drive_mu_.
 #include <cstring>
 
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/log.h"
+#include "base/types.h"
 #include "transport/verbs/verbs.h"
 
 namespace harp::transport::verbs {

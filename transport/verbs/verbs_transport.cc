@@ -15,10 +15,10 @@
 #include <cstring>
 #include <thread>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/socket.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/socket.h"
+#include "base/types.h"
 #include "transport/verbs/verbs.h"
 
 namespace harp::transport::verbs {

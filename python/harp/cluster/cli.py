@@ -144,7 +144,7 @@ def cmd_run(a):
 
 def main(argv=None):
     a = parser().parse_args(argv)
-    _params.warn_unknown()  # misspelt HARP_* variables, once (core/base/params.def)
+    _params.warn_unknown()  # misspelt HARP_* variables, once (base/params.def)
     if a.verb != "_reap":
         topo.check_name(a.name)
     if a.verb in ("up", "run", "down", "throttle") and os.geteuid() != 0:

@@ -1,6 +1,6 @@
 """Adapter from torch.distributed's c10d Store to harp's Store interface.
 
-HARP's bootstrap (core/base/bootstrap.cc) needs set/get/add on a key-value store.
+HARP's bootstrap (bootstrap/bootstrap.cc) needs set/get/add on a key-value store.
 torch hands every process-group backend a PrefixStore over the job's store
 (TCPStore for env:// and tcp://, FileStore for file://), so HARP rendezvous
 rides on whatever init_method the user chose, with no extra port.
@@ -9,7 +9,7 @@ Secrets: no job secret is needed or derived here. Rank 0 of each communicator
 draws its data-plane token at random (core/communicator.cc) and publishes it
 through this store, so the token is as private as the torch store (torch's
 TCPStore has no authentication: see SECURITY.md). The adapter implements only
-set/get/add, so the rendezvous diagnostics of core/base/rendezvous.h degrade to
+set/get/add, so the rendezvous diagnostics of bootstrap/rendezvous.h degrade to
 the plain get() timeout here.
 
 Threading: the core calls these methods from the thread that creates the

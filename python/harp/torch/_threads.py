@@ -15,7 +15,7 @@ gloo's 33-43 ms, and 12-18 ms with GOMP_SPINCOUNT=1000). torchrun avoids it by s
 OMP_NUM_THREADS=1 for every rank; processes started otherwise (torch.multiprocessing.spawn,
 mpirun, Slurm) keep torch's default.
 
-What: HARP_TORCH_THREADS (core/base/params.def):
+What: HARP_TORCH_THREADS (base/params.def):
   auto (default)  when neither OMP_NUM_THREADS nor MKL_NUM_THREADS is set and this host's ranks
                   times torch.get_num_threads() exceed the cores this process may run on
                   (os.sched_getaffinity), set torch's threads to max(1, cores // local ranks); the

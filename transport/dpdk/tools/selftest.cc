@@ -48,7 +48,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "transport/dpdk/dpdk_transport.h"
 #include "transport/transport.h"
 

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 #ifndef HARP_KERNEL_ISA
 #error "HARP_KERNEL_ISA must be defined"

@@ -1,4 +1,4 @@
-// core/base/reduce.h — elementwise reduction kernels.
+// base/reduce.h — elementwise reduction kernels.
 //
 // reduce(out, a, b, n): out[i] = op(a[i], b[i]). `out` may alias `a` or `b`.
 // AVG reduces as SUM; the division happens once, at the end, in finalizeAvg.
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace harp {
 

@@ -1,4 +1,4 @@
-// core/base/log.h — HARP's diagnostic output, controlled by HARP_DEBUG.
+// base/log.h — HARP's diagnostic output, controlled by HARP_DEBUG.
 //
 // HARP_DEBUG=WARN (default) | INFO | TRACE | NONE. Lines go to stderr as
 //   "HARP host:pid [rank] LEVEL message".

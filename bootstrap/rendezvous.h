@@ -1,4 +1,4 @@
-// core/base/rendezvous.h — the first step of Communicator creation: every rank
+// bootstrap/rendezvous.h — the first step of Communicator creation: every rank
 // checks in at the store, and start-up mistakes are reported within seconds
 // on every rank instead of as a timeout.
 //
@@ -30,8 +30,8 @@
 
 #include <string>
 
-#include "core/base/store.h"
-#include "core/base/types.h"
+#include "bootstrap/store.h"
+#include "base/types.h"
 
 namespace harp {
 

@@ -1,4 +1,4 @@
-// core/base/crypto.h — SHA-256, HMAC-SHA256 and the mutual challenge-response that
+// bootstrap/crypto.h — SHA-256, HMAC-SHA256 and the mutual challenge-response that
 // every HARP connection (bootstrap store, every data-plane transport) runs
 // before it trusts a peer.
 //

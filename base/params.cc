@@ -1,11 +1,11 @@
-#include "core/base/params.h"
+#include "base/params.h"
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "base/log.h"
+#include "base/types.h"
 
 extern char** environ;
 
@@ -14,7 +14,7 @@ namespace {
 
 constexpr Param kParams[] = {
 #define HARP_PARAM(name, type, def, choices, scope, doc) {#name, Type::k##type, def, choices, Scope::k##scope, doc},
-#include "core/base/params.def"
+#include "base/params.def"
 #undef HARP_PARAM
 };
 constexpr size_t kCount = sizeof kParams / sizeof kParams[0];
@@ -45,11 +45,11 @@ const Param& require(const char* name, Type type) {
   const Param* p = find(name);
   if (!p)
     throw Error(Error::kInternal, std::string(name) +
-                                      " is read but not declared in core/base/params.def (declare it there, "
+                                      " is read but not declared in base/params.def (declare it there, "
                                       "with its type, default and doc)");
   if (type != Type::kString && p->type != type)
     throw Error(Error::kInternal, std::string(name) + " is declared as " + typeName(p->type) +
-                                      " in core/base/params.def but read as " + typeName(type));
+                                      " in base/params.def but read as " + typeName(type));
   return *p;
 }
 

@@ -1,13 +1,13 @@
-// core/base/bootstrap.h — unique ids and the rank-discovery step.
+// bootstrap/bootstrap.h — unique ids and the rank-discovery step.
 //
 // A UniqueId is 128 opaque bytes (NCCL's ncclUniqueId size) that one process
 // creates and hands to every rank out of band (an environment variable, a
 // broadcast through MPI, a file). It carries the root's store address and a
 // random 32-byte secret; the store and the transports authenticate every
 // connection with a challenge-response keyed by (a key derived from) that
-// secret (core/base/crypto.h), so a stray or hostile connection is refused and
+// secret (bootstrap/crypto.h), so a stray or hostile connection is refused and
 // logged, and the secret itself never travels. Treat a unique id like a
-// password. It serves one communicator (core/base/rendezvous.h).
+// password. It serves one communicator (bootstrap/rendezvous.h).
 //
 // Layout (little-endian): "HARPUID1" | u16 family | u16 port | 16 B address |
 // 32 B secret | u8 listening | reserved zeros. `listening` = 1: the id comes
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/socket.h"
-#include "core/base/store.h"
+#include "bootstrap/socket.h"
+#include "bootstrap/store.h"
 
 namespace harp {
 

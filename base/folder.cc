@@ -1,4 +1,4 @@
-#include "core/base/folder.h"
+#include "base/folder.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "core/base/probe.h"
+#include "base/probe.h"
 
 #include <sys/uio.h>
 #include <unistd.h>

@@ -1,11 +1,11 @@
-// core/base/rendezvous.cc — see rendezvous.h for the keys and the protocol.
-#include "core/base/rendezvous.h"
+// bootstrap/rendezvous.cc — see rendezvous.h for the keys and the protocol.
+#include "bootstrap/rendezvous.h"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "core/base/bootstrap.h"
-#include "core/base/log.h"
+#include "bootstrap/bootstrap.h"
+#include "base/log.h"
 
 namespace harp {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <thread>
 
-#include "core/base/env.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/types.h"
 
 namespace harp {
 

@@ -1,4 +1,4 @@
-#include "core/base/types.h"
+#include "base/types.h"
 
 #include <cstring>
 #include <initializer_list>
@@ -9,19 +9,19 @@ namespace {
 // Name and size tables indexed by enum value (vocab.def lists them in value order: checked below).
 const char* kDtypeNames[kNumDataTypes] = {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) #name,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 const size_t kDtypeSizes[kNumDataTypes] = {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 const char* kOpNames[kNumReduceOps] = {
 #define HARP_REDOP(name, e, value, py, nccl, ncclv) #name,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 const char* kCollNames[kNumCollTypes] = {
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) #name,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 struct Alias {
   const char* alias;
@@ -29,11 +29,11 @@ struct Alias {
 };
 const Alias kDtypeAliases[] = {
 #define HARP_DTYPE_ALIAS(alias, name) {#alias, #name},
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 const Alias kOpAliases[] = {
 #define HARP_REDOP_ALIAS(alias, name) {#alias, #name},
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 
 constexpr bool inOrder(std::initializer_list<int> values) {
@@ -44,15 +44,15 @@ constexpr bool inOrder(std::initializer_list<int> values) {
 }
 static_assert(inOrder({
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
               }), "vocab.def: HARP_DTYPE values must be 0, 1, 2, ... in order");
 static_assert(inOrder({
 #define HARP_REDOP(name, e, value, py, nccl, ncclv) value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
               }), "vocab.def: HARP_REDOP values must be 0, 1, 2, ... in order");
 static_assert(inOrder({
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
               }), "vocab.def: HARP_COLL values must be 0, 1, 2, ... in order");
 
 std::string unalias(const std::string& s, const Alias* begin, const Alias* end) {

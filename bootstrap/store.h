@@ -1,4 +1,4 @@
-// core/base/store.h — the key-value store used for rendezvous (gloo's "store").
+// bootstrap/store.h — the key-value store used for rendezvous (gloo's "store").
 //
 // A Store is how ranks that know nothing about each other but one address find
 // each other: each rank publishes its transport addresses under a key and reads
@@ -21,7 +21,7 @@
 //   delays honest ranks instead of failing them.
 //
 // The optional methods (waitAny, check, setOnClose, setIfAbsent) let the
-// rendezvous report problems within seconds (core/base/rendezvous.h); a Store that
+// rendezvous report problems within seconds (bootstrap/rendezvous.h); a Store that
 // does not implement them (the torch adapter) still works, with the plain
 // get() timeout as the only diagnosis.
 //
@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/socket.h"
+#include "bootstrap/socket.h"
 
 namespace harp {
 
@@ -122,7 +122,7 @@ constexpr size_t kSecretBytes = 32;
 // descriptor, once nothing can use it any more:
 //   * a communicator it served has formed (a client sent FORMED) and every
 //     client has disconnected — a unique id serves one communicator
-//     (core/base/rendezvous.h), and split/shrink/grow/agree run over the
+//     (bootstrap/rendezvous.h), and split/shrink/grow/agree run over the
 //     clients still connected; or
 //   * retireWhenIdle() was called (its unique id was dropped) and no
 //     authenticated client is connected (at once when none is).

@@ -1,4 +1,4 @@
-#include "core/base/log.h"
+#include "base/log.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include <pthread.h>
 #include <strings.h>
 
-#include "core/base/env.h"
+#include "base/env.h"
 
 namespace harp {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/base/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,10 +12,10 @@
 #include <map>
 #include <mutex>
 
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/rendezvous.h"
-#include "core/base/types.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "bootstrap/rendezvous.h"
+#include "base/types.h"
 
 namespace harp {
 namespace {

@@ -1,4 +1,4 @@
-// core/base/reduce.cc — picks the kernel set once at load time (CPU features).
+// base/reduce.cc — picks the kernel set once at load time (CPU features).
 //
 // Test hook: when the process defines the C symbol `harp_test_reduce_hook`
 // (tests/bench_broken_reduce.c, LD_PRELOADed by tests/test_bench.py), every
@@ -6,7 +6,7 @@
 // may corrupt the output. It is looked up once, with dlsym, when the kernels
 // are chosen; without it the dispatch pointer is the kernel itself, so the
 // hook costs nothing in a normal process.
-#include "core/base/reduce.h"
+#include "base/reduce.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-// core/base/socket.h — small, blocking-with-deadline socket helpers shared by the
+// bootstrap/socket.h — small, blocking-with-deadline socket helpers shared by the
 // bootstrap store and the TCP transport, and interface selection.
 //
 // HARP_SOCKET_IFNAME follows NCCL_SOCKET_IFNAME's syntax: a comma-separated

@@ -1,4 +1,4 @@
-// core/base/types.h — the vocabulary every HARP layer shares: datatypes, reduction
+// base/types.h — the vocabulary every HARP layer shares: datatypes, reduction
 // operators, collective kinds, and the error type.
 //
 // Everything here is plain data and free functions; it is safe to use from any
@@ -13,36 +13,36 @@
 
 namespace harp {
 
-// The enums below are generated from core/base/vocab.def, the one list of
+// The enums below are generated from base/vocab.def, the one list of
 // HARP's vocabulary (python/harp/_types.py, bindings/nccl/nccl.h and
 // python/harp/nccl.py are checked against it at build time).
 enum class DataType : uint8_t {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) e = value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 constexpr int kNumDataTypes = 0
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) +1
-#include "core/base/vocab.def"
+#include "base/vocab.def"
     ;
 
 enum class ReduceOp : uint8_t {
 #define HARP_REDOP(name, e, value, py, nccl, ncclv) e = value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 constexpr int kNumReduceOps = 0
 #define HARP_REDOP(name, e, value, py, nccl, ncclv) +1
-#include "core/base/vocab.def"
+#include "base/vocab.def"
     ;
 // kAvg: sum, then divide by the rank count (integer types: truncating division).
 // kBand, kBor, kBxor: bitwise; integer and bool types only.
 
 enum class CollType : uint8_t {
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) e = value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 constexpr int kNumCollTypes = 0
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) +1
-#include "core/base/vocab.def"
+#include "base/vocab.def"
     ;
 // A collective's traits, as vocab.def declares them: it combines data with an
 // op (allreduce, reduce, reduce_scatter, allreduce_coalesced), it has a root,
@@ -50,21 +50,21 @@ constexpr int kNumCollTypes = 0
 constexpr bool collReduces(CollType c) {
   switch (c) {
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return reduces;
-#include "core/base/vocab.def"
+#include "base/vocab.def"
   }
   return false;
 }
 constexpr bool collRooted(CollType c) {
   switch (c) {
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return rooted;
-#include "core/base/vocab.def"
+#include "base/vocab.def"
   }
   return false;
 }
 constexpr bool collVcounts(CollType c) {
   switch (c) {
 #define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return vcounts;
-#include "core/base/vocab.def"
+#include "base/vocab.def"
   }
   return false;
 }
@@ -89,7 +89,7 @@ size_t dtypeSize(DataType dt);
 // an out-of-range code gives 0).
 inline constexpr uint8_t kItemSizes[] = {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
 };
 // The integer dtypes (avg of them is exact integer division, core/communicator.cc runIntAvg).
 inline bool isInteger(DataType t) {
@@ -114,7 +114,7 @@ void checkOpSupported(DataType dt, ReduceOp op);
 // error vocabulary (Python exception classes, ncclResult_t).
 class Error : public std::runtime_error {
  public:
-  // core/base/vocab.def: kInvalidArgument (bad input detected locally),
+  // base/vocab.def: kInvalidArgument (bad input detected locally),
   // kMismatch (ranks disagree about a collective: count, dtype, op, root,
   // kind), kPeerFailure (a peer died, disconnected or aborted), kTimeout (a
   // blocking wait ran past its deadline), kSystem (OS / library call failed),
@@ -123,7 +123,7 @@ class Error : public std::runtime_error {
   // called revoke(), usually after a failure; see Communicator::revoke).
   enum Kind {
 #define HARP_ERROR(e, value, py, nccl) e = value,
-#include "core/base/vocab.def"
+#include "base/vocab.def"
   };
   Error(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
   Kind kind() const { return kind_; }

@@ -1,4 +1,4 @@
-// core/base/stall.h — the stall-warning hook long waits call (issue 19).
+// base/stall.h — the stall-warning hook long waits call (issue 19).
 //
 // A communicator registers, per (communicator id, rank), what to do when one
 // of its waits has lasted HARP_STALL_WARNING_S (core/recorder.h: publish and

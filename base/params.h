@@ -1,8 +1,8 @@
-// core/base/params.h — the registry of HARP_* environment variables.
+// base/params.h — the registry of HARP_* environment variables.
 //
-// Every variable HARP reads is declared once in core/base/params.def: name,
+// Every variable HARP reads is declared once in base/params.def: name,
 // type, default, scope and one line of doc (NCCL_PARAM / ompi_info style).
-// Code reads values through core/base/env.h, which looks the name up here,
+// Code reads values through base/env.h, which looks the name up here,
 // takes the default from the declaration and throws Error(kInternal) for a
 // name that is not declared, so a misspelt read fails the first test that
 // reaches it. `harp-config --params` lists the same table (python/harp/_params.py
@@ -44,7 +44,7 @@ size_t count();
 // The declaration of `name`, or nullptr.
 const Param* find(std::string_view name);
 // The declaration of `name`; throws Error(kInternal) when it is not declared
-// ("HARP_X is read but not declared in core/base/params.def") or, unless
+// ("HARP_X is read but not declared in base/params.def") or, unless
 // `type` is kString (text access to any parameter), when it is declared with
 // another type.
 const Param& require(const char* name, Type type);

@@ -1,7 +1,7 @@
-// core/base/env.h — typed access to HARP_* environment variables, and the CPUs the
+// base/env.h — typed access to HARP_* environment variables, and the CPUs the
 // process may use.
 //
-// Every name read here must be declared in core/base/params.def (type, default,
+// Every name read here must be declared in base/params.def (type, default,
 // scope, doc); the default comes from there, never from the call site:
 //
 //   size_t seg = env::bytes("HARP_SEGMENT_BYTES");   // declared Bytes, "512K"

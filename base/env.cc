@@ -1,4 +1,4 @@
-#include "core/base/env.h"
+#include "base/env.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/base/params.h"
-#include "core/base/types.h"
+#include "base/params.h"
+#include "base/types.h"
 
 namespace harp::env {
 namespace {
@@ -31,7 +31,7 @@ std::string valueOf(const char* name, Type type) {
   if (const char* v = setValue(name)) return v;
   if (std::strcmp(p.def, "auto") == 0 && type != Type::kString && type != Type::kEnum)
     throw Error(Error::kInternal, std::string(name) +
-                                      " has a computed default (auto in core/base/params.def): read it with "
+                                      " has a computed default (auto in base/params.def): read it with "
                                       "env::integerOr/realOr/timeoutOr");
   return p.def;
 }
@@ -41,7 +41,7 @@ const char* autoValue(const char* name, Type type) {
   const params::Param& p = params::require(name, type);
   if (std::strcmp(p.def, "auto") != 0)
     throw Error(Error::kInternal, std::string(name) + " has the default '" + p.def +
-                                      "' in core/base/params.def; read it without a default at the call site");
+                                      "' in base/params.def; read it without a default at the call site");
   return setValue(name);
 }
 

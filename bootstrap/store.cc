@@ -40,7 +40,7 @@
 //   7 FORMED           -> u8 1 (a communicator formed; see TcpStoreServer)
 // keys := u32 n (<= 64) | n x (u32 len | key)
 // Any other command, or a request over a limit, disconnects the client.
-#include "core/base/store.h"
+#include "bootstrap/store.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -52,10 +52,10 @@
 #include <list>
 #include <map>
 
-#include "core/base/crypto.h"
-#include "core/base/env.h"
-#include "core/base/log.h"
-#include "core/base/types.h"
+#include "bootstrap/crypto.h"
+#include "base/env.h"
+#include "base/log.h"
+#include "base/types.h"
 
 namespace harp {
 namespace store_wire {

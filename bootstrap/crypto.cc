@@ -1,12 +1,12 @@
 // SHA-256 after FIPS 180-4 section 6.2; HMAC after RFC 2104.
-#include "core/base/crypto.h"
+#include "bootstrap/crypto.h"
 
 #include <sys/random.h>
 
 #include <cerrno>
 #include <cstring>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace harp::crypto {
 namespace {

@@ -1,5 +1,5 @@
-// core/base/stall.cc — the process's stall hooks (see stall.h).
-#include "core/base/stall.h"
+// base/stall.cc — the process's stall hooks (see stall.h).
+#include "base/stall.h"
 
 #include <map>
 #include <mutex>
