@@ -1,7 +1,7 @@
 // base/stall.h — the stall-warning hook long waits call (issue 19).
 //
 // A communicator registers, per (communicator id, rank), what to do when one
-// of its waits has lasted HARP_STALL_WARNING_S (core/recorder.h: publish and
+// of its waits has lasted HARP_STALL_WARNING_S (core/observe/recorder.h: publish and
 // compare op counters, log the ranks that have not started the collective).
 // Waits that live below core/ (a transport's own collective loop, e.g.
 // transport/shm's waitFor) reach it through a Watch, which costs nothing

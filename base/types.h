@@ -91,7 +91,7 @@ inline constexpr uint8_t kItemSizes[] = {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
 #include "base/vocab.def"
 };
-// The integer dtypes (avg of them is exact integer division, core/communicator.cc runIntAvg).
+// The integer dtypes (avg of them is exact integer division, core/engine/communicator.cc runIntAvg).
 inline bool isInteger(DataType t) {
   return t == DataType::kInt8 || t == DataType::kUint8 || t == DataType::kInt32 || t == DataType::kUint32 ||
          t == DataType::kInt64 || t == DataType::kUint64;

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "core/algorithms/algorithm.h"
-#include "core/communicator.h"
-#include "core/recorder.h"
+#include "core/engine/communicator.h"
+#include "core/observe/recorder.h"
 
 using namespace harp;
 using Clock = std::chrono::steady_clock;

@@ -2,7 +2,7 @@
 off, in one run, interleaved (issue 19; goal <= 1%).
 
 --mode toggle (default): one communicator; the recorder is paused and resumed between rounds
-(_harp.obs_pause, core/recorder.h Recorder::setPaused), so "on" and "off" run the same
+(_harp.obs_pause, core/observe/recorder.h Recorder::setPaused), so "on" and "off" run the same
 connections, buffers and algorithm and differ only by the recording hook in
 Communicator::runWith. --mode split: two communicators split from the world, one made with
 HARP_FR_ENTRIES=2000 (the default) and one with 0 (what a user turning the recorder off gets; it

@@ -19,11 +19,11 @@
 #include "core/algorithms/registry.h"
 #include "bootstrap/bootstrap.h"
 #include "base/log.h"
-#include "core/communicator.h"
-#include "core/compress.h"
-#include "core/recorder.h"
-#include "core/cost.h"
-#include "core/select.h"
+#include "core/engine/communicator.h"
+#include "core/compress/compress.h"
+#include "core/observe/recorder.h"
+#include "core/select/cost.h"
+#include "core/select/select.h"
 #include "base/reduce.h"
 #include "transport/transport.h"
 
@@ -293,7 +293,7 @@ PYBIND11_MODULE(_harp, m) {
   m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });
   m.def("reduce_kernel", &reduceKernelName);
   m.def("algorithms", [](const std::string& coll) { return algorithmList(parseColl(coll)); });
-  // Algorithm choice, as Communicator::algorithmFor makes it (core/select.h), with
+  // Algorithm choice, as Communicator::algorithmFor makes it (core/select/select.h), with
   // every candidate: harp-config --explain.
   m.def(
       "explain",
@@ -302,7 +302,7 @@ PYBIND11_MODULE(_harp, m) {
         SelectQuery q;
         if (hosts < 1 || min_local < 1 || max_local < min_local)
           throw InvalidArgument("--hosts and --ppn must be >= 1");
-        q.hosts = hosts;  // Topology (issue 16)
+        q.hosts = hosts;  // Topology
         q.min_local = min_local;
         q.max_local = max_local;
         q.blocked = true;  // hosts x ppn: each host's ranks consecutive, as launchers place them
@@ -476,7 +476,7 @@ PYBIND11_MODULE(_harp, m) {
       })
       .def_property_readonly("broken", &Communicator::broken);
 
-  // Topology (issue 16): the communicator's host map (core/topology.h), for
+  // Topology: the communicator's host map (core/topology/topology.h), for
   // harp.topology (python/harp/topology.py).
   m.def("topology", [](Communicator& c) {
     const Topology& t = c.topology();
@@ -492,7 +492,7 @@ PYBIND11_MODULE(_harp, m) {
                     py::arg("host_of") = t.host_of, py::arg("local_rank") = t.local_rank_of,
                     py::arg("rails") = rails, py::arg("leaders") = t.leaders(), py::arg("text") = t.describe());
   });
-  // --- Wire compression (issue 17; core/compress.h) ---
+  // --- Wire compression (core/compress/compress.h) ---
   m.def("compress_submit",
         [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
            const std::string& spec, const std::string& key, const std::string& algo, double timeout, bool async) {
@@ -536,7 +536,7 @@ PYBIND11_MODULE(_harp, m) {
     else throw InvalidArgument("compress_kernel: narrow, widen or add");
     return std::string(k.isa);
   });
-  // Fault tolerance (issue 18): revoke / agree / shrink / grow (core/communicator_ft.cc).
+  // Fault tolerance: revoke / agree / shrink / grow (core/engine/communicator_ft.cc).
   auto comm_cls = py::reinterpret_borrow<py::class_<Communicator, std::shared_ptr<Communicator>>>(m.attr("Comm"));
   comm_cls
       .def("revoke", [](Communicator& c) {
@@ -563,13 +563,13 @@ PYBIND11_MODULE(_harp, m) {
         py::gil_scoped_release nogil;
         return c.grow(new_size, uid ? &*uid : nullptr);
       }, py::arg("new_size"), py::arg("unique_id") = py::none());
-  // --- Issue 12: a root's refused arguments reach every rank (Communicator::refuseRooted) ---
+  // --- Root-only arguments: a root's refused arguments reach every rank (Communicator::refuseRooted) ---
   m.def("refuse_rooted", [](Communicator& c, int coll, const std::string& why) {
     if (coll < 0 || coll >= static_cast<int>(kNumCollTypes)) throw InvalidArgument("refuse_rooted: bad collective");
     py::gil_scoped_release nogil;
     c.refuseRooted(static_cast<CollType>(coll), why);
   }, py::arg("comm"), py::arg("coll"), py::arg("why"));
-  // --- Observability (issue 19): flight recorder, status, metrics (core/recorder.h) ---
+  // --- Observability: flight recorder, status, metrics (core/observe/recorder.h) ---
   m.def("obs_status_json", [] { return obs::statusJson(); },
         "every live communicator of this process (counters, op in flight, metrics) as JSON");
   m.def("obs_status_socket", [] { return obs::statusSocketPath(); }, "this process's status socket ('' when off)");

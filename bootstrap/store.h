@@ -190,7 +190,7 @@ class TcpStore : public Store {
   std::string hello(const std::string& key, Deadline dl, const std::string& what);
   void closeFd();
   // Issue 19: one request at a time, so the op-counter publisher thread
-  // (core/recorder.h) may share the connection with the communicator.
+  // (core/observe/recorder.h) may share the connection with the communicator.
   std::mutex mu_;
   SockAddr server_;
   SockAddr local_;

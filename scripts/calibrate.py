@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """scripts/calibrate.py — measure the cost model's transport parameters and print a
-calibration file for HARP_CALIBRATION_FILE (format: core/cost.h).
+calibration file for HARP_CALIBRATION_FILE (format: core/select/cost.h).
 
     PYTHONPATH=python python3 scripts/calibrate.py [--transports tcp,shm] [--iters N] > harp-calib.txt
     HARP_CALIBRATION_FILE=harp-calib.txt harp-config --explain allreduce 4M --ranks 8 --transport tcp

@@ -14,7 +14,7 @@ tree, and checks that the layers only point down. The folders are the layers
     bootstrap   bootstrap/**                      (socket, crypto, store, rendezvous, bootstrap)
     transports  transport/*.{h,cc}                (the interface, registry, handshake)
                 transport/<name>/**               (one transport each)
-    algorithm   core/context.h, core/algorithms/*.h   (the algorithm API)
+    algorithm   core/engine/context.h, core/algorithms/*.h   (the algorithm API)
     engine      core/*, core/algorithms/**        (communicator, context, tuning, algorithms)
     bindings    bindings/**                       (Python, NCCL C API)
 
@@ -41,6 +41,17 @@ Rules (the name in brackets is what a violation report says):
                     class a transport folder defines) and names no concrete
                     transport: no class derived from Transport or Pair in
                     transport/<name>/, no <name>:: namespace qualifier.
+  [core-down]       Inside core/ the folders are layers too (CORE_LAYERS,
+                    lowest first: topology, ft, observe, select, compress,
+                    algorithms, engine): a file in core/<folder>/ includes
+                    only its own folder, folders listed before it, and the
+                    algorithm API headers (ALGORITHM_API: the Context, the
+                    call's arguments and resources, core/algorithms/*.h).
+                    Every engine source lives in one of those folders.
+  [api-closed]      An algorithm API header includes only other API headers
+                    and layers below the engine (base, bootstrap, the
+                    transport interface, core/topology/): an algorithm that
+                    includes the API never sees the Communicator.
   [no-bindings]     Nothing outside bindings/ includes bindings/**.
   [resolves]        Every quoted include names a file of the tree (relative
                     to the including file or to the root), except the
@@ -76,7 +87,11 @@ TOP_DIRS = tuple(folder.rstrip("/") for _, folder in LAYERS)
 # besides base and transport headers (fnmatch patterns): the Context and the
 # headers in core/algorithms/ (registry.h and the helpers algorithms share).
 # A new header every algorithm needs (a cost-model type, say) goes here.
-ALGORITHM_API = ("core/context.h", "core/algorithms/*.h")
+ALGORITHM_API = ("core/engine/context.h", "core/engine/call.h", "core/engine/resources.h", "core/engine/scratch.h",
+                 "core/algorithms/*.h")
+# The engine's own layers, lowest first (folders of core/).
+CORE_LAYERS = ("core/topology/", "core/ft/", "core/observe/", "core/select/", "core/compress/",
+               "core/algorithms/", "core/engine/")
 # The one header through which the engine sees transports.
 TRANSPORT_API = ("transport/transport.h",)
 # Headers generated into the build tree (configure_file), by include name.
@@ -111,6 +126,34 @@ def layer_of(rel: str) -> str:
         if rel.startswith(folder):
             return name
     return "other"
+
+
+def core_layer(rel: str) -> int:
+    """Index of rel's folder in CORE_LAYERS; -1 outside core/, len(CORE_LAYERS) for a file in none."""
+    if not rel.startswith("core/"):
+        return -1
+    for i, folder in enumerate(CORE_LAYERS):
+        if rel.startswith(folder):
+            return i
+    return len(CORE_LAYERS)
+
+
+def is_api(rel: str) -> bool:
+    return any(fnmatch.fnmatchcase(rel, pat) for pat in ALGORITHM_API)
+
+
+def check_core_include(src: Source, target: str, bad) -> None:
+    """[core-down] and [api-closed] for an include from core/ to core/."""
+    mine, theirs = core_layer(src.rel), core_layer(target)
+    if is_api(src.rel):
+        if not (is_api(target) or target.startswith("core/topology/")):
+            bad("api-closed", f"an algorithm API header includes only API headers ({', '.join(ALGORITHM_API)}) "
+                f"and core/topology/, not {target}")
+        return
+    if theirs <= mine or is_api(target):
+        return
+    bad("core-down", f"{CORE_LAYERS[mine]} is below {CORE_LAYERS[theirs]} (CORE_LAYERS); "
+        f"it may include the engine only through the algorithm API")
 
 
 def transport_folder(rel: str) -> str | None:
@@ -243,6 +286,8 @@ def check_includes(src: Source, out: list[Violation]) -> None:
             bad("bootstrap-only", f"bootstrap/ includes only base/ and bootstrap/, not the {t_layer} layer ({target})")
         elif layer == "transport":
             check_transport_include(src, own, target, t_layer, t_folder, bad)
+        elif layer == "engine" and t_layer == "engine":
+            check_core_include(src, target, bad)
         elif layer == "engine" and t_layer == "transport" and target not in TRANSPORT_API:
             bad("engine-interface", "the engine reaches transports only through " + ", ".join(TRANSPORT_API) +
                 (f", never a concrete transport's header (transport/{t_folder}/)" if t_folder else ""))
@@ -260,7 +305,7 @@ def check_transport_include(src: Source, own, target, t_layer, t_folder, bad) ->
         else:
             bad("transport-only", f"transport {own} must not include another transport's header (transport/{t_folder}/)")
         return
-    api = any(fnmatch.fnmatchcase(target, pat) for pat in ALGORITHM_API)
+    api = is_api(target)
     if src.hosted and api:
         return
     if api:
@@ -313,6 +358,9 @@ def check(root: Path) -> tuple[list[Violation], dict[str, Source]]:
     folders = {p.name for p in (root / "transport").iterdir() if p.is_dir()} if (root / "transport").is_dir() else set()
     out: list[Violation] = []
     for src in files.values():
+        if core_layer(src.rel) == len(CORE_LAYERS):
+            out.append(Violation(src.rel, 1, src.rel, "core-down",
+                                 "every engine source lives in one of the folders of CORE_LAYERS"))
         check_includes(src, out)
         check_markers(src, out)
         if layer_of(src.rel) == "engine":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh — the one prepared GPU run (issue 21): everything HARP can check on a CUDA
+# scripts/gpu-check.sh — the one prepared GPU run: everything HARP can check on a CUDA
 # GPU, in one command of about 5 minutes, each step under its own timeout inside a total budget.
 #
 # On the device machine (nvidia-h200: torch+CUDA 13, cupy, nvidia-nccl-cu13, cmake, ninja, pybind11

@@ -238,7 +238,7 @@ def _pick(coll, size, ranks, transport):
 
 
 def test_tuning_picks_bruck_only_where_measured():
-    """core/tuning.tsv: bruck for tcp alltoall at 8 ranks below 8 KB blocks; pairwise elsewhere; the
+    """core/select/tuning.tsv: bruck for tcp alltoall at 8 ranks below 8 KB blocks; pairwise elsewhere; the
     tree gather/scatter are never picked by the table (they lost on this 2-core machine)."""
     assert _pick("alltoall", "4K", 8, "tcp") == "bruck"
     assert _pick("alltoall", "8", 8, "tcp") == "bruck"

@@ -1,4 +1,4 @@
-"""API safety of harp.Communicator (issue 12, items 3, 4 and 12), multi-process on tcp and shm.
+"""API safety of harp.Communicator, multi-process on tcp and shm.
 
 * dtype= is checked against the buffer: the element count is the buffer's bytes / itemsize, so
   no call reads or writes past a buffer. Every buffer here is a view into the middle of a larger

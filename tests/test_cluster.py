@@ -290,7 +290,7 @@ def test_cut_link_makes_the_other_ranks_fail_naming_the_lost_rank(cluster, tmp_p
     finally:
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
     # A silent link cannot be told from a slow peer by the data path alone; the keep-alive
-    # (issue 18: UDP heartbeats, HARP_KEEPALIVE_TIMEOUT 3 s < HARP_TIMEOUT 5 s) hears nothing
+    # (UDP heartbeats, HARP_KEEPALIVE_TIMEOUT 3 s < HARP_TIMEOUT 5 s) hears nothing
     # from rank 2 and every survivor's error names rank 2, not the neighbour it was blocked on.
     _assert_lost_rank_named(fails, log, classes=("PeerError", "HarpTimeoutError"))
 
@@ -399,7 +399,7 @@ def test_flow_cap_and_jumbo_mtu_are_configured():
         assert "mtu 9000" in link, link
         classes = subprocess.run(["tc", "-n", ns, "class", "show", "dev", "eth0"], capture_output=True,
                                  text=True).stdout
-        # per-TCP-flow cap (issue 16): net.FLOW_BUCKETS classes at 300 Mbit/s under the 2 Gbit/s uplink,
+        # per-TCP-flow cap: net.FLOW_BUCKETS classes at 300 Mbit/s under the 2 Gbit/s uplink,
         # fed by u32 hash tables on the ports
         assert classes.count("ceil 300Mbit") == net.FLOW_BUCKETS and "rate 2Gbit" in classes, classes
         filters = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", "eth0"], capture_output=True,

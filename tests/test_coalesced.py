@@ -1,4 +1,4 @@
-"""Coalesced allreduce (tensor fusion, issue 17; python/harp/coalesce.py): lists of mixed sizes and
+"""Coalesced allreduce (tensor fusion; python/harp/coalesce.py): lists of mixed sizes and
 dtypes reduced in place like one allreduce each, few collectives (counted in the flight recorder),
 chunking through a small fusion buffer, async completion, and lists that differ between ranks
 (MismatchError on every rank, communicator still usable). Ranks are forked processes over real

@@ -1,4 +1,4 @@
-"""Wire compression (issue 17, core/compress.h, harp.compress): fp16/bf16 wire allreduce within
+"""Wire compression (core/compress/compress.h, harp.compress): fp16/bf16 wire allreduce within
 the derived rounding bound, top-k with error feedback, the gate, mismatches, and the switches
 reaching the Python API, the torch backend and the NCCL API. Ranks are forked processes over real
 sockets (tests/harness.py); every rank count includes odd ones.
@@ -180,7 +180,7 @@ def _topk_body(rank, size, n, spec, ties=True):
     return x, got, again, st
 
 
-# n >= 262144 with k <= n/16 takes the sampled-threshold path of the selection (core/compress_topk.cc).
+# n >= 262144 with k <= n/16 takes the sampled-threshold path of the selection (core/algorithms/compressed/compress_topk.cc).
 @pytest.mark.parametrize("nranks,n,spec,ties", [(2, 1000, "topk:0.05!", True), (3, 997, "topk:13!", True),
                                                 (4, 1, "topk:0.5!", True), (5, 50000, "topk:0.01!", True),
                                                 (3, 300001, "topk:0.001!", True), (2, 300001, "topk:0.01!", False)])

@@ -1,4 +1,4 @@
-"""The arena's per-TCP-flow cap (harp-cluster up --flow-cap, issue 16): one flow
+"""The arena's per-TCP-flow cap (harp-cluster up --flow-cap): one flow
 gets at most the cap, several flows of one host pair add up (the cap is per
 flow, not per host pair), and `harp-cluster throttle` caps one chosen flow.
 

@@ -1,4 +1,4 @@
-"""Fault tolerance (issue 18): revoke, failure detection by keep-alive, agree,
+"""Fault tolerance: revoke, failure detection by keep-alive, agree,
 shrink, grow, and no leaked resources afterwards.
 
 Real processes over loopback (tests/harness.py; the unique id's store lives in
@@ -86,7 +86,7 @@ def test_revoke_raises_on_every_rank_also_blocked_ones(transport):
 
 # ---------------------------------------------------------------------------- dead and frozen ranks
 def _fail_then_recover(rank, size, victim, how, transport):
-    # The observability service (2 threads, a pipe and the status socket, core/observer.cc) starts
+    # The observability service (2 threads, a pipe and the status socket, core/observe/observer.cc) starts
     # once per process with the first communicator and stays, like NCCL RAS; start it before the
     # baseline so the check is about what a failure, agree and shrink leave behind.
     harp._harp.obs_service()
@@ -442,7 +442,7 @@ def test_elastic_run_survives_a_killed_rank_and_finishes_every_step():
 
 
 # ---------------------------------------------------------------------------- many kill/shrink/grow cycles
-# Regression (issue 18, ft_bench stopped at its 7th trial): the same process group goes through
+# Regression (ft_bench stopped at its 7th trial): the same process group goes through
 # CYCLES rounds of "a rank is SIGKILLed inside a 256 KB allreduce; the survivors revoke, agree,
 # shrink, check a bit-exact allreduce; rank 0 (always the same process) makes a fresh unique id,
 # whose store server runs in its own process, and starts a replacement process that joins

@@ -1,4 +1,4 @@
-"""Host detection and the hierarchical algorithms (issue 16).
+"""Host detection and the hierarchical algorithms.
 
 What is checked, against sources independent of the thing checked:
 - the host key is the boot id with the net/IPC namespace inodes and /dev/shm's device, read here

@@ -86,25 +86,34 @@ def test_no_engine_file_names_a_concrete_transport():
 # Each case: (file to edit, line to inject, rule expected). The injected line is
 # the only thing reported.
 INCLUDE_CASES = [
-    ("base/log.cc", '#include "core/communicator.h"', "base-only"),
-    ("base/env.h", '#include "core/tuning.h"', "base-only"),
+    ("base/log.cc", '#include "core/engine/communicator.h"', "base-only"),
+    ("base/env.h", '#include "core/select/tuning.h"', "base-only"),
     ("base/log.cc", '#include "bootstrap/store.h"', "base-only"),  # base is below bootstrap
     ("bootstrap/store.h", '#include "transport/transport.h"', "bootstrap-only"),
-    ("bootstrap/socket.h", '#include "../core/communicator.h"', "bootstrap-only"),  # relative path, resolved
+    ("bootstrap/socket.h", '#include "../core/engine/communicator.h"', "bootstrap-only"),  # relative path, resolved
     ("bootstrap/store.cc", '#include "base/log.h"', None),  # allowed: bootstrap stands on base
-    ("base/types.h", "#include <core/context.h>", "base-only"),  # angle brackets, in-tree
-    ("transport/tcp/tcp.cc", '#include "core/context.h"', "hosted-algorithm"),
-    ("transport/tcp/tcp.cc", '#include "core/communicator.h"', "transport-only"),
+    ("base/types.h", "#include <core/engine/context.h>", "base-only"),  # angle brackets, in-tree
+    ("transport/tcp/tcp.cc", '#include "core/engine/context.h"', "hosted-algorithm"),
+    ("transport/tcp/tcp.cc", '#include "core/engine/communicator.h"', "transport-only"),
     ("transport/verbs/verbs.h", '#include "core/algorithms/fold.h"', "hosted-algorithm"),
-    ("transport/shm/shm_transport.cc", '#include "core/tuning.h"', "transport-only"),
+    ("transport/shm/shm_transport.cc", '#include "core/select/tuning.h"', "transport-only"),
     ("transport/shm/shm_connect.cc", '#include "transport/dpdk/wire.h"', "transport-only"),
     ("transport/registry.cc", '#include "transport/shm/shm_transport.h"', "transport-only"),
-    ("transport/shm/allreduce_shm.cc", '#include "core/communicator.h"', "transport-only"),
-    ("core/communicator.cc", '#include "transport/shm/shm_transport.h"', "engine-interface"),
+    ("transport/shm/allreduce_shm.cc", '#include "core/engine/communicator.h"', "transport-only"),
+    ("core/engine/communicator.cc", '#include "transport/shm/shm_transport.h"', "engine-interface"),
     ("core/algorithms/allreduce_ring.cc", '#include "transport/tcp/tcp.cc"', "engine-interface"),
-    ("core/context.cc", '#include "transport/handshake.h"', "engine-interface"),
-    ("core/context.cc", '#include "bindings/nccl/nccl.h"', "no-bindings"),
-    ("core/tuning.cc", '#include "core/no_such_header.h"', "resolves"),
+    ("core/engine/context.cc", '#include "transport/handshake.h"', "engine-interface"),
+    ("core/engine/context.cc", '#include "bindings/nccl/nccl.h"', "no-bindings"),
+    ("core/select/tuning.cc", '#include "core/no_such_header.h"', "resolves"),
+    # Inside core/: folders as layers (CORE_LAYERS) and the closed algorithm API.
+    ("core/select/select.cc", '#include "core/engine/communicator.h"', "core-down"),
+    ("core/topology/topology.cc", '#include "core/observe/recorder.h"', "core-down"),
+    ("core/algorithms/allreduce_ring.cc", '#include "core/engine/communicator.h"', "core-down"),
+    ("core/observe/fr_dump.cc", '#include "core/compress/compress.h"', "core-down"),
+    ("core/engine/context.h", '#include "core/engine/communicator.h"', "api-closed"),
+    ("core/algorithms/hier.h", '#include "core/select/cost.h"', "api-closed"),
+    ("core/algorithms/allreduce_ring.cc", '#include "core/engine/context.h"', None),  # the API
+    ("core/engine/communicator.cc", '#include "core/select/select.h"', None),  # the engine is on top
 ]
 
 
@@ -123,9 +132,9 @@ def test_injected_include_is_reported(tree, rel, line, rule):
 
 
 CODE_CASES = [
-    ("core/context.cc", "static void* f(transport::Transport* t) { return dynamic_cast<transport::shm::ShmTransport*>(t); }"),
+    ("core/engine/context.cc", "static void* f(transport::Transport* t) { return dynamic_cast<transport::shm::ShmTransport*>(t); }"),
     ("core/algorithms/allreduce_ring.cc", "static void* g(harp::transport::Pair* p) { return dynamic_cast<TcpPair*>(p); }"),
-    ("core/communicator.cc", "static bool h(void* t) { return static_cast<dpdk::DpdkTransport*>(t) != nullptr; }"),
+    ("core/engine/communicator.cc", "static bool h(void* t) { return static_cast<dpdk::DpdkTransport*>(t) != nullptr; }"),
     ("core/algorithms/registry.cc", "using V = harp::transport::verbs::VerbsTransport;"),
 ]
 
@@ -140,9 +149,9 @@ def test_engine_naming_a_concrete_transport_is_reported(tree, rel, line):
 
 
 def test_dynamic_cast_to_the_interface_is_reported(tree):
-    no = append_line(tree, "core/context.cc", "static bool k(void* p) { return dynamic_cast<transport::Transport*>((transport::Transport*)p); }")
+    no = append_line(tree, "core/engine/context.cc", "static bool k(void* p) { return dynamic_cast<transport::Transport*>((transport::Transport*)p); }")
     rc, out, _ = run_check(tree)
-    assert rc == 1 and reports(out) == [("core/context.cc", no, "engine-no-concrete")], out
+    assert rc == 1 and reports(out) == [("core/engine/context.cc", no, "engine-no-concrete")], out
 
 
 def test_hosted_algorithm_needs_its_marker(tree):
@@ -169,20 +178,21 @@ def test_marker_outside_a_transport_folder_is_reported(tree):
 
 
 def test_include_cycle_is_reported(tree):
-    # core/communicator.h includes core/tuning.h; make tuning.h include it back.
-    no = insert_after_includes(tree, "core/tuning.h", '#include "core/communicator.h"')
+    # core/engine/resources.h includes core/engine/scratch.h (one folder, both the
+    # algorithm API: no other rule applies); make scratch.h include it back.
+    no = insert_after_includes(tree, "core/engine/scratch.h", '#include "core/engine/resources.h"')
     rc, out, _ = run_check(tree)
     assert rc == 1, out
     got = reports(out)
     assert len(got) == 1 and got[0][2] == "acyclic", out
-    assert "core/communicator.h" in out and "core/tuning.h" in out
-    assert got[0] in {("core/tuning.h", no, "acyclic"), ("core/communicator.h", got[0][1], "acyclic")}
+    assert "core/engine/resources.h" in out and "core/engine/scratch.h" in out
+    assert got[0] in {("core/engine/scratch.h", no, "acyclic"), ("core/engine/resources.h", got[0][1], "acyclic")}
 
 
 def test_prose_and_strings_are_not_code(tree):
-    append_line(tree, "core/context.cc", "// a dynamic_cast<transport::shm::ShmTransport*> here would be wrong")
-    append_line(tree, "core/communicator.cc", 'static const char* kNote = "dynamic_cast<TcpTransport*> and shm::";')
-    append_line(tree, "core/tuning.cc", "/* #include \"transport/shm/shm_transport.h\" is not an include */")
+    append_line(tree, "core/engine/context.cc", "// a dynamic_cast<transport::shm::ShmTransport*> here would be wrong")
+    append_line(tree, "core/engine/communicator.cc", 'static const char* kNote = "dynamic_cast<TcpTransport*> and shm::";')
+    append_line(tree, "core/select/tuning.cc", "/* #include \"transport/shm/shm_transport.h\" is not an include */")
     append_line(tree, "core/algorithms/registry.cc", 'static const char* kRaw = R"x(VerbsTransport dpdk::)x";')
     rc, out, err = run_check(tree)
     assert rc == 0, out + err
@@ -234,3 +244,10 @@ def test_an_injected_import_circle_is_reported(tmp_path, rel, line, circle):
     assert rc == 1, out
     first = [l for l in out.splitlines() if l.startswith("import circle: ")]
     assert len(first) == 1 and circle <= set(first[0].split(": ", 1)[1].split(", ")), out
+
+
+def test_engine_source_outside_a_core_folder_is_reported(tree):
+    (tree / "core" / "stray.cc").write_text('#include "core/engine/context.h"\n')
+    rc, out, err = run_check(tree)
+    assert rc == 1, out + err
+    assert ("core/stray.cc", 1, "core-down") in reports(out), out

@@ -1,4 +1,4 @@
-"""Issue 19, observability: the flight recorder (bounded ring, dumps on timeout / SIGUSR1 /
+"""Observability: the flight recorder (bounded ring, dumps on timeout / SIGUSR1 /
 harp.debug.dump(), read by torch's fr_trace), the stall warning and op-count view, harp-status
 during a hang, Prometheus output, HARP_DEBUG_SUBSYS, torch.profiler spans and torch-style timeout
 text. Multi-process over real sockets and shared memory (tests/harness.py); timeouts are small
@@ -279,7 +279,7 @@ def _sampled_metrics(rank, size):
 
 
 def test_latency_is_timed_for_every_large_call_and_one_in_n_small_ones(tmp_path, monkeypatch):
-    """The recorder's timing rule (core/recorder.h): calls of >= HARP_FR_TIME_BYTES always, one in
+    """The recorder's timing rule (core/observe/recorder.h): calls of >= HARP_FR_TIME_BYTES always, one in
     HARP_FR_TIME_EVERY (a power of two) of the smaller ones by record id; the rest carry no duration.
     Counts and bytes stay exact."""
     parser = pytest.importorskip("prometheus_client.parser")

@@ -1,4 +1,4 @@
-"""The open algorithm registry, the cost model and harp-config --explain (core/select.h).
+"""The open algorithm registry, the cost model and harp-config --explain (core/select/select.h).
 
 What is checked, against sources independent of the thing checked:
 - every HARP_REGISTER_ALGORITHM statement in the tree (read from the source files) is

@@ -1,4 +1,4 @@
-"""Security of the bootstrap (issue 12, rendezvous side): the store's parser,
+"""Security of the bootstrap (rendezvous side): the store's parser,
 its authentication, its listener under a connection flood, timeouts, start-up
 diagnostics, one communicator per unique id, and leaks.
 

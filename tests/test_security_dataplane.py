@@ -1,4 +1,4 @@
-"""Data-plane connection security (issue 12: items 1, 3, 5, 9), on tcp and shm.
+"""Data-plane connection security, on tcp and shm.
 
 Every data-plane connection opens with the mutual challenge-response of
 transport/handshake.h. Here an attacker process talks to a rank's listener

@@ -1,4 +1,4 @@
-"""The last gaps of issue 12 (security and memory safety), on tcp and shm.
+"""The last gaps in security and memory safety, on tcp and shm.
 
 * Rooted collectives check their descriptors with fewer messages: the data
   itself vouches for the root (broadcast, scatter) or the leaves (gather).
@@ -6,7 +6,7 @@
   MismatchError on every rank, for every algorithm and rank count (generated:
   per-rank roots, counts, dtypes, broadcast algorithms): in that very call, or,
   on a rank that only sent data in it (broadcast/scatter root, gather
-  non-root), at its next call (core/context.h, deferred check).
+  non-root), at its next call (core/engine/context.h, deferred check).
 * Threads sharing a communicator without overlapping (item 7): each thread's
   calls differ in their descriptor, so a call that two ranks pair differently
   raises MismatchError — no wrong result is ever returned silently.

@@ -1,6 +1,6 @@
 """Keep-alive security: a forged ICMP "port unreachable" must not kill a live peer.
 
-The keep-alive (core/keepalive.h) reads ICMP errors on its UDP socket as a hint
+The keep-alive (core/ft/keepalive.h) reads ICMP errors on its UDP socket as a hint
 that a peer's process is gone. ICMP is not authenticated: anyone who can send a
 raw packet to a rank's host can forge one quoting the two keep-alive ports. The
 hint must be confirmed by a signed probe the peer does not answer; a live peer

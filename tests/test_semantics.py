@@ -1,4 +1,4 @@
-"""Core semantics (issue 12): descriptor agreement, p2p tags, buffer overlap,
+"""Core semantics: descriptor agreement, p2p tags, buffer overlap,
 integer avg, abort, and threads sharing a communicator.
 
 Every test runs real ranks (forked processes, real sockets / shared memory) on
@@ -474,7 +474,7 @@ def _threads(rank, size, iters, distinct_counts=False):
 def test_threads_sharing_a_communicator_are_stopped_at_the_first_overlap(tr):
     """Overlapping calls are detected and break the communicator on every rank,
     so the silent mixing stops at once (before: about half of 1200 calls wrong).
-    Known limit (issue 12, item 7): the guard sees overlap, not order, so racing
+    Known limit: the guard sees overlap, not order, so racing
     calls that do not overlap, just before the first overlap, can still be paired
     differently on two ranks: up to 5 consecutive ones were seen (CI, 2026-12-01),
     so the bound is 2% of the calls, against about half without the guard."""

@@ -1,6 +1,6 @@
 """Bounded memory: what a communicator keeps between collectives has a cap.
 
-The scratch block the algorithms borrow (core/scratch.h) keeps at most
+The scratch block the algorithms borrow (core/engine/scratch.h) keeps at most
 HARP_SCRATCH_KEEP_BYTES between collectives. Ranks (forked processes, real
 sockets and shared memory) run collectives over many distinct sizes up to
 32 MiB — binomial reduces (whose non-root ranks work in 2x the message of

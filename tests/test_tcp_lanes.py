@@ -1,4 +1,4 @@
-"""TCP lanes (issue 16): several TCP connections per peer with adaptive striping.
+"""TCP lanes: several TCP connections per peer with adaptive striping.
 
 Real processes over real sockets (tests/harness.py). Small pieces
 (HARP_SOCKET_CHUNK=4K, HARP_SOCKET_STRIPE_MIN=8K) make every message of a few

@@ -637,7 +637,7 @@ def sparse_input(rank, dtype, shape=(13, 5, 3), sparse_dim=2):
 
 
 def sparse_allreduce(rank, size, url):
-    """Sparse allreduce (issue 17): SUM and AVG, sync and async, 4 dtypes, against the sum of the dense
+    """Sparse allreduce: SUM and AVG, sync and async, 4 dtypes, against the sum of the dense
     forms of every rank's input; returns (failures, every result's bytes) for the cross-rank check."""
     init(rank, size, url)
     bad, outs = [], []

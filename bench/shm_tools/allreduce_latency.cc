@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-#include "core/communicator.h"
+#include "core/engine/communicator.h"
 using namespace harp;
 int main(int argc, char** argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;

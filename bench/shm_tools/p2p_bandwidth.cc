@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-#include "core/communicator.h"
+#include "core/engine/communicator.h"
 using namespace harp;
 int main(int argc, char** argv) {
   size_t bytes = atol(argv[1]);

@@ -130,7 +130,7 @@ def _rank(rank, size, folder, culprit, op, mode, timeout):
         if rank == culprit and i == op:
             # The hang: asleep until every other rank has failed (the bench then creates "release"),
             # then until this rank's own dump exists (asked for by the failing ranks through the
-            # store; core/recorder.h requestDumps), so leaving cannot change what the others saw.
+            # store; core/observe/recorder.h requestDumps), so leaving cannot change what the others saw.
             _wait_for(f"{folder}/release", timeout * 4 + 30)
             _wait_for(f"{folder}/harp_trace_rank_{rank}", 10)
             if mode == "skip":

@@ -49,7 +49,7 @@ CALIBRATION = ""  # --link-calibration: HARP_CALIBRATION_FILE for the HARP runs
 
 def link_calibration(path, link_MBps):
     """A calibration file whose tcp line has the measured link's beta (1 / payload rate); alpha and gamma and
-    the shm line stay built in (core/cost.cc). The built-in tcp line is loopback's (0.42 ns/byte), which
+    the shm line stay built in (core/select/cost.cc). The built-in tcp line is loopback's (0.42 ns/byte), which
     makes a 1 Gbit/s link look 20x faster than it is and the shm legs of rail comparatively expensive."""
     with open(path, "w") as f:
         f.write(f"# hier_bench.py: tcp beta from the measured link, {link_MBps:.1f} MB/s\n"

@@ -156,7 +156,7 @@ void usesOf(const Op& o, std::vector<Use>& u) {
   }
 }
 
-// Issue 12 item 12: host buffers the kernel says are unmapped (or read-only
+// Memory safety: host buffers the kernel says are unmapped (or read-only
 // where the call writes) are refused here, naming the buffer; the shm
 // transport and the reduce kernels would fault on them (base/probe.h).
 ncclResult_t probeHostBuffers(const Op& o) {

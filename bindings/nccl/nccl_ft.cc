@@ -1,7 +1,7 @@
 // bindings/nccl/nccl_ft.cc — NCCL's fault-tolerance calls (NCCL 2.27-2.29
 // signatures and flags, nccl.h): ncclCommRevoke, ncclCommShrink,
 // ncclCommGetUniqueId, ncclCommGrow, over Communicator::revoke / shrink /
-// grow / newUniqueId (core/communicator_ft.cc).
+// grow / newUniqueId (core/engine/communicator_ft.cc).
 //
 // Semantics as NCCL documents them: only the surviving ranks call
 // ncclCommShrink (an excluded rank that calls it gets ncclInvalidArgument);

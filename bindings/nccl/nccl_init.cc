@@ -549,7 +549,7 @@ HARP_NCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 }
 HARP_NCCL_ALIAS(ncclResult_t, ncclRedOpDestroy, (ncclRedOp_t op, ncclComm_t comm))
 
-// Fault tolerance (issue 18): communicator creation for nccl_ft.cc (shrink, grow).
+// Fault tolerance: communicator creation for nccl_ft.cc (shrink, grow).
 namespace harp::nccl {
 ncclResult_t createDerived(ncclComm_t* out, ncclComm* c, std::function<std::shared_ptr<Communicator>()> make,
                            const ncclConfig_t* cfg, const char* fn, bool fresh) {

@@ -30,7 +30,7 @@
 
 #include "bindings/nccl/cuda_rt.h"
 #include "bindings/nccl/nccl.h"
-#include "core/communicator.h"
+#include "core/engine/communicator.h"
 
 namespace harp::nccl {
 
@@ -170,7 +170,7 @@ bool inGroup();
 void deferToGroupEnd(std::function<int()> fn);  // fn returns an ncclResult_t
 // Wait for a communicator's deferred/nonblocking creation; its result.
 ncclResult_t ensureReady(ncclCommImpl* c);
-// Fault tolerance (issue 18): create `c` (owned from here) with `make`, now, in
+// Fault tolerance: create `c` (owned from here) with `make`, now, in
 // the group or in the background, after reading `cfg` (nccl_init.cc). fresh:
 // a communicator not derived from a parent (takes the current CUDA device).
 ncclResult_t createDerived(ncclComm_t* out, ncclComm* c, std::function<std::shared_ptr<Communicator>()> make,

@@ -1,6 +1,6 @@
 // core/algorithms/algorithm.h — what an algorithm declares about itself, and
-// the registry's lookups (without the Context API, so core/cost.h,
-// core/select.h and core/communicator.h can include it). Algorithm files
+// the registry's lookups (without the Context API, so core/select/cost.h,
+// core/select/select.h and core/engine/communicator.h can include it). Algorithm files
 // include core/algorithms/registry.h, which has the whole story.
 #pragma once
 
@@ -17,7 +17,7 @@ namespace harp {
 class Context;
 using AlgorithmFn = void (*)(Context&);
 
-// Measured properties of one transport (core/cost.h): per-message latency
+// Measured properties of one transport (core/select/cost.h): per-message latency
 // alpha (s), per-byte transfer time beta (s/byte), per-byte reduction time
 // gamma (s/byte).
 struct TransportParams {
@@ -40,7 +40,7 @@ using HierCostFn = double (*)(double n, const HierShape& s, const TransportParam
 
 enum class InPlace : uint8_t { kAny, kOnly, kNever };
 
-// When an algorithm may run. The selector (core/select.cc) checks every field
+// When an algorithm may run. The selector (core/select/select.cc) checks every field
 // and names the first that fails ("power-of-two ranks", "transport shm", ...).
 struct Restrictions {
   bool pow2_ranks = false;        // rank count a power of two
@@ -50,14 +50,14 @@ struct Restrictions {
   int min_ranks = 1;
   int max_ranks = 0;              // 0: no limit
   size_t max_count = 0;           // elements; 0: no limit
-  // Topology (issue 16), from the communicator's host map (core/topology.h).
+  // Topology (issue 16), from the communicator's host map (core/topology/topology.h).
   int min_hosts = 1;              // hosts at least
   int min_local_ranks = 1;        // ranks on the largest host at least
   bool uniform_hosts = false;     // every host has the same number of ranks
 };
 
 // Rooted collectives: the descriptor messages this algorithm's data makes
-// redundant (core/context.h, CheckShape; chosen in core/communicator.cc,
+// redundant (core/engine/context.h, CheckShape; chosen in core/engine/communicator.cc,
 // checkShape). kFull, the default and always safe: every rank sends every rank
 // its descriptor. kFromRoot (broadcast, scatter): every rank's data comes from
 // the root, forwarded only by ranks that received it with a matching tag.

@@ -3,7 +3,7 @@
 // Nothing is forwarded: on a single-copy transport (shm with CMA) every read
 // hits a sender's own input, which it did not just write, where the ring reads
 // blocks its left neighbour has just received (cache lines dirty on another
-// core). Chosen for shm by core/tuning.tsv; on networks the ring's one
+// core). Chosen for shm by core/select/tuning.tsv; on networks the ring's one
 // neighbour per step suits links better.
 // Any p, any count; in-place when sendbuf == recvbuf + r·count (NCCL's rule);
 // a sendbuf inside recvbuf anywhere else is staged in scratch first.

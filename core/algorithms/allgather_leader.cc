@@ -39,7 +39,7 @@
 
 #include "core/algorithms/hier.h"
 #include "core/algorithms/registry.h"
-#include "core/topology.h"
+#include "core/topology/topology.h"
 
 namespace harp {
 namespace {

@@ -13,7 +13,7 @@
 //   The count % L tail elements (fewer than L) go through an intra allreduce
 //   and a rail allreduce instead (every rail repeats that tiny sum).
 // The legs are the sub-communicators' ordinary collectives (Context::subComms,
-// core/topology.h), so each runs the algorithm its own selector picks.
+// core/topology/topology.h), so each runs the algorithm its own selector picks.
 // Pipelined above 8 x HARP_SEGMENT_BYTES (4 MB): the main region is cut into
 // pieces of about that size, each reduce-scattered, rail-allreduced and
 // allgathered; piece k's rail allreduce runs on the rail communicator's worker
@@ -40,7 +40,7 @@
 
 #include "core/algorithms/hier.h"
 #include "core/algorithms/registry.h"
-#include "core/topology.h"
+#include "core/topology/topology.h"
 
 namespace harp {
 namespace {
@@ -51,7 +51,7 @@ namespace {
 // thread reduce-scatters piece k+1 and allgathers piece k-1 over shm.
 constexpr size_t kPieceSegments = 8;  // a piece is 8 x HARP_SEGMENT_BYTES (4 MB by default)
 
-std::shared_ptr<Work> railAsync(Communicator& rail, char* buf, size_t count, const CollArgs& a, ReduceOp op,
+std::shared_ptr<Work> railAsync(Group& rail, char* buf, size_t count, const CollArgs& a, ReduceOp op,
                                 double t) {
   CollArgs r;
   r.coll = CollType::kAllreduce;

@@ -2,7 +2,7 @@
 // hosts' leaders, then every other host.
 //
 // Steps (H hosts, L ranks on the largest host, n bytes; the legs are the
-// sub-communicators' own broadcasts, core/topology.h):
+// sub-communicators' own broadcasts, core/topology/topology.h):
 //   1. on the root's host: intra broadcast from the root (its leader included);
 //   2. leaders' broadcast (rail 0) from the root host's leader;
 //   3. on every other host: intra broadcast from the leader.
@@ -17,7 +17,7 @@
 //   2l·(a_i + n·b_i) + h·(a_e + n·b_e) + 3 leg calls (core/algorithms/hier.h).
 #include "core/algorithms/hier.h"
 #include "core/algorithms/registry.h"
-#include "core/topology.h"
+#include "core/topology/topology.h"
 
 namespace harp {
 namespace {

@@ -2,7 +2,7 @@
 // allreduce_rail.cc, allreduce_leader.cc, ...) share: the per-leg call
 // overhead of the cost model and the reduction op their legs run.
 //
-// A leg is one blocking collective on a sub-communicator (core/topology.h
+// A leg is one blocking collective on a sub-communicator (core/topology/topology.h
 // runOn): it costs a call (validation, the selector's memo, a Context, the
 // closing check), kLegCallS in the cost functions, on top of its own
 // alpha-beta-gamma cost. Avg is computed as a sum by every algorithm (the
@@ -10,6 +10,7 @@
 #pragma once
 
 #include "core/algorithms/algorithm.h"
+#include "core/algorithms/group.h"
 #include "base/types.h"
 
 namespace harp::hier {

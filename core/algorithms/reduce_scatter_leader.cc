@@ -40,7 +40,7 @@
 
 #include "core/algorithms/hier.h"
 #include "core/algorithms/registry.h"
-#include "core/topology.h"
+#include "core/topology/topology.h"
 
 namespace harp {
 namespace {

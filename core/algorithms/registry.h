@@ -13,10 +13,10 @@
 // Designated initializers must follow the field order of AlgorithmSpec; every
 // field but coll, name, fn and cost may be left out. Adding an algorithm is
 // that file plus nothing else: core/CMakeLists.txt compiles every
-// core/algorithms/*.cc (a CONFIGURE_DEPENDS glob), the selector (core/select.h)
+// core/algorithms/*.cc (a CONFIGURE_DEPENDS glob), the selector (core/select/select.h)
 // and `harp-config --explain` see it at once, and a tuning-table row may name it.
 //
-// An algorithm is a function of a Context (core/context.h): it reads its
+// An algorithm is a function of a Context (core/engine/context.h): it reads its
 // arguments from ctx.args() and moves bytes with ctx.isend/irecv/wait. Within
 // its declared restrictions it must work for every count >= 0, in-place and not.
 //
@@ -33,7 +33,7 @@
 #include <cstddef>
 
 #include "core/algorithms/algorithm.h"
-#include "core/context.h"
+#include "core/engine/context.h"
 
 namespace harp {
 

@@ -20,9 +20,9 @@ from .comm import Communicator, UniqueId, Work, get_unique_id
 from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, MismatchError, PeerError,
                      UnavailableError)
 from ._env import init, launch_env
-from .topology import topology  # issue 16: host map of a communicator
-from . import compress  # noqa: F401  (issue 17: wire compression, harp.compress)
-from .errors import RevokedError  # issue 18 (fault tolerance); harp.elastic is imported on use
+from .topology import topology  # host map of a communicator
+from . import compress  # noqa: F401  (wire compression, harp.compress)
+from .errors import RevokedError  # fault tolerance; harp.elastic is imported on use
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR

@@ -78,7 +78,7 @@ ITEMSIZE = {DataType.int8: 1, DataType.uint8: 1, DataType.int32: 4, DataType.uin
             DataType.uint64: 8, DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4,
             DataType.float64: 8, DataType.bool: 1}
 
-# p2p tags travel as uint32 (core/communicator.h CollArgs::tag).
+# p2p tags travel as uint32 (core/engine/communicator.h CollArgs::tag).
 MAX_TAG = 2**32 - 1
 
 

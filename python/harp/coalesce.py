@@ -1,4 +1,4 @@
-"""harp.coalesce — one allreduce over a list of arrays (tensor fusion, issue 17).
+"""harp.coalesce — one allreduce over a list of arrays (tensor fusion).
 
 Usage::
 

@@ -227,7 +227,7 @@ class Communicator:
 
     @contextlib.contextmanager
     def _root_only(self, coll):
-        """Arguments only the root passes (issue 12): the other ranks are in, or will enter, the
+        """Arguments only the root passes: the other ranks are in, or will enter, the
         collective waiting for the root, so refusing them breaks the communicator on every rank at
         once with the reason (they raise PeerError quoting it) instead of leaving them to time out."""
         try:
@@ -483,7 +483,7 @@ class Communicator:
     def __repr__(self):
         return f"<harp.Communicator rank {self.rank} of {self.size}>"
 
-    # -- fault tolerance (issue 18; core/communicator_ft.cc) ------------------------
+    # -- fault tolerance (core/engine/communicator_ft.cc) ------------------------
     def revoke(self):
         """Break the communicator on every rank: every pending and later operation raises
         RevokedError (a PeerError). Not collective; any thread."""
@@ -518,7 +518,7 @@ class Communicator:
         uid = None if unique_id is None else _uid_bytes(unique_id, "grow: unique_id")
         return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
 
-    # -- coalesced collectives (issue 17; harp/coalesce.py) ------------------------------
+    # -- coalesced collectives (harp/coalesce.py) ------------------------------
     _coalesced = None  # the unfinished CoalescedWork (the fusion buffer is its until then)
     _fusion = None     # [half 0, half 1] of the fusion buffer (uint8 arrays), grown on demand
     _fusion_half_bytes = None

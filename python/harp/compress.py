@@ -1,4 +1,4 @@
-"""harp.compress — wire compression for float32 sum/avg allreduce (issue 17).
+"""harp.compress — wire compression for float32 sum/avg allreduce.
 
 Usage::
 
@@ -16,7 +16,7 @@ same switch acts on the torch backend and the NCCL API); ``compress="none"``
 turns it off for one call. Only float32 sum/avg allreduce is compressed; any
 other dtype, op or collective runs dense.
 
-The gate (core/compress.h) compresses only where the cost model predicts a
+The gate (core/compress/compress.h) compresses only where the cost model predicts a
 win, never for tensors below HARP_COMPRESS_MIN_BYTES, and never when every
 rank shares one host (loopback, shm) unless HARP_COMPRESS_INTRA=same; a
 forced spec or HARP_COMPRESS_FORCE=1 skips it. HARP_DEBUG=INFO logs each

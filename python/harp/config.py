@@ -20,7 +20,7 @@
                               every algorithm of COLL with its restrictions (ok / failed: which),
                               the cost model's predicted time and the pick with its reason (user,
                               tuning row, cost model, declared fallback), computed by the same C++
-                              function the communicator uses (core/select.h). SIZE: bytes, 64K, 4M
+                              function the communicator uses (core/select/select.h). SIZE: bytes, 64K, 4M
 
 Only --version works without the compiled library (it never imports harp._harp).
 """

@@ -1,6 +1,6 @@
 """harp.debug — what every communicator of this process is doing, from Python.
 
-HARP keeps a flight recorder per communicator (core/recorder.h): a ring of the
+HARP keeps a flight recorder per communicator (core/observe/recorder.h): a ring of the
 last HARP_FR_ENTRIES operations (sequence number, collective, dtype, count,
 algorithm, transport, state, start and end times), always on. It is written
 to ``<HARP_FR_DUMP_PREFIX><global rank>`` (default ``<$TMPDIR or /tmp>/harp-trace-<uid>/harp_trace_rank_<r>``, a 0700 folder)

@@ -1,4 +1,4 @@
-"""harp.elastic — training that keeps going when ranks die (issue 18).
+"""harp.elastic — training that keeps going when ranks die.
 
 The shape users know from Horovod elastic (``hvd.elastic.run``, state
 commit/restore) and torchft (a per-step quorum), over HARP's fault-tolerant

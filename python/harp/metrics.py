@@ -2,7 +2,7 @@
 
 Every communicator counts, per (collective, algorithm), the calls that
 completed, their bytes, and their latency in a log2 histogram (kept in
-core/recorder.h by the same hook as the flight recorder; HARP_FR_ENTRIES=0
+core/observe/recorder.h by the same hook as the flight recorder; HARP_FR_ENTRIES=0
 turns both off). This module turns them into Prometheus metrics with the
 ``prometheus-client`` package (``pip install harp[metrics]``)::
 

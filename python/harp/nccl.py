@@ -171,7 +171,7 @@ def _L():
         "ncclRecv": [VP, S, I, I, VP, VP],
         "ncclGroupStart": [],
         "ncclGroupEnd": [],
-        # fault tolerance (issue 18; NCCL 2.27-2.29)
+        # fault tolerance (NCCL 2.27-2.29)
         "ncclCommRevoke": [VP, I],
         "ncclCommShrink": [VP, P(I), I, P(VP), VP, I],
         "ncclCommGetUniqueId": [VP, P(_UniqueId)],
@@ -455,7 +455,7 @@ class NcclCommunicator:
                                   None), self._comm)
         return NcclCommunicator._wrap(out.value) if out.value else None
 
-    # -- fault tolerance (issue 18; NCCL 2.27-2.29 semantics, bindings/nccl/nccl_ft.cc) --
+    # -- fault tolerance (NCCL 2.27-2.29 semantics, bindings/nccl/nccl_ft.cc) --
     def revoke(self, flags: int = NCCL_REVOKE_DEFAULT):
         """ncclCommRevoke: every pending and later operation on every rank fails (ncclRemoteError)."""
         _check(_L().ncclCommRevoke(self._c(), _int(flags, "revoke: flags")), self._comm)

@@ -5,7 +5,7 @@ default, like NCCL RAS): ``<dir>/<pid>.sock`` with ``<dir>`` = HARP_STATUS_DIR,
 else ``<base>/harp-status-<uid>`` where ``<base>`` is ``$XDG_RUNTIME_DIR`` (when
 set and absolute) or ``/tmp``; the folder is 0700, the socket 0600, and only
 the same user (or root) is answered. A thread of its own answers
-(core/observer.cc), so a process whose collective hangs still answers at once.
+(core/observe/observer.cc), so a process whose collective hangs still answers at once.
 
 Folders are trusted only when private: a real folder (not a symlink) owned by
 this user with no group/other permissions, checked by the process and by
@@ -60,7 +60,7 @@ def status_dir() -> str:
 
 
 def private_problem(path: str) -> str:
-    """'' when `path` is a folder only this user can enter (as core/observer.cc requires), else why not."""
+    """'' when `path` is a folder only this user can enter (as core/observe/observer.cc requires), else why not."""
     try:
         st = os.lstat(path)
     except OSError as e:

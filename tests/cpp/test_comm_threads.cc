@@ -5,7 +5,7 @@
 #include <numeric>
 #include <thread>
 
-#include "core/communicator.h"
+#include "core/engine/communicator.h"
 
 using namespace harp;
 

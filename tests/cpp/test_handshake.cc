@@ -1,6 +1,6 @@
 // transport/handshake: a dial that fails in the same round in which another
 // dial finished must leave nothing for ~Handshake to free or close twice
-// (issue 18: a rank killed while lazily made sub-communicators connected
+// (regression: a rank killed while lazily made sub-communicators connected
 // crashed rank 0 with glibc's "double free or corruption" and, through a stray
 // close of a reused fd number, stopped its bootstrap store).
 #include <fcntl.h>

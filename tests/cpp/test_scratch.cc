@@ -1,7 +1,7 @@
-// Scratch (core/scratch.h): grows keeping its contents, and trim() gives a
+// Scratch (core/engine/scratch.h): grows keeping its contents, and trim() gives a
 // block above the cap back to the kernel (resident memory drops), one at or
 // under the cap stays.
-#include "core/scratch.h"
+#include "core/engine/scratch.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

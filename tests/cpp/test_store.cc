@@ -1,5 +1,5 @@
 // tests/cpp/test_store.cc — the store's request parser, timeouts that saturate,
-// and HARP_TIMEOUT parsing (issue 12). Live-server tests: tests/test_security_bootstrap.py.
+// and HARP_TIMEOUT parsing (security). Live-server tests: tests/test_security_bootstrap.py.
 #include <gtest/gtest.h>
 
 #include <cmath>

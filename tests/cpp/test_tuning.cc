@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "core/algorithms/registry.h"
-#include "core/context.h"
-#include "core/cost.h"
-#include "core/select.h"
-#include "core/tuning.h"
+#include "core/engine/context.h"
+#include "core/select/cost.h"
+#include "core/select/select.h"
+#include "core/select/tuning.h"
 
 using namespace harp;
 

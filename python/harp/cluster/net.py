@@ -69,7 +69,7 @@ def _tc_batch(lines, ns):
 
 
 def flow_cap_commands(dev, rate, cap):
-    """tc lines for a per-TCP-flow cap on `dev` (issue 16): htb root at the link `rate` (class 1:1);
+    """tc lines for a per-TCP-flow cap on `dev`: htb root at the link `rate` (class 1:1);
     non-TCP and IP-option traffic goes to 1:2 (link rate); each TCP packet is put into one of
     FLOW_BUCKETS classes 1:10..1:1f, each capped at `cap`, by two u32 hash levels: the low 4 bits
     of the source port pick a table, the low 4 bits of the destination port a bucket in it, and

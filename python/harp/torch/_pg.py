@@ -77,7 +77,7 @@ def _same_split(sizes):
 
 
 
-# -- torch.profiler spans (issue 19) ------------------------------------------------------------------------
+# -- torch.profiler spans ------------------------------------------------------------------------
 # One "harp:<op>" span per call while a profiler records (torch.profiler, Kineto's Chrome trace), named
 # like torch's own "nccl:all_reduce" plus " bytes=N"; nothing is done when none records. The span covers
 # the call (for async calls: the enqueue, as torch's own spans do); the algorithm each call ran is in the
@@ -191,7 +191,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         comm = comm or self._coll
         is_async = getattr(opts, "asyncOp", True)
         _tls.inline = not is_async
-        span = _span(opname, result) if torch.autograd._profiler_enabled() else None  # issue 19
+        span = _span(opname, result) if torch.autograd._profiler_enabled() else None  # profiler span
         try:
             handles = fn()
         except HarpError as e:
@@ -246,7 +246,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         if d is not None:
             return d
         t = self._one(tensors, "allreduce")
-        if t.is_sparse:  # issue 17: sparse_coo, as gloo (harp/torch/_sparse.py)
+        if t.is_sparse:  # sparse_coo, as gloo (harp/torch/_sparse.py)
             name, timeout = reduce_op_name(opts.reduceOp), _secs(opts.timeout)
 
             def run():
@@ -266,7 +266,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                                          op=op, timeout=timeout)], opts, result, [s])
 
     def allreduce_coalesced(self, tensors, opts=None):
-        # issue 17: the tensors of each wire dtype (in order of first appearance) go to the core as one
+        # the tensors of each wire dtype (in order of first appearance) go to the core as one
         # list, reduced by one ring schedule over their own memory (allreduce_coalesced in the core): CPU
         # tensors are neither flattened nor copied back; CUDA ones are staged tensor by tensor like a
         # single allreduce's. HARP_COALESCE=fuse flattens each dtype into one tensor (torch.cat), as before.
@@ -831,7 +831,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
                     pass
         self.shutdown()
 
-    # -- fault tolerance (issue 18): dist.shrink_group ------------------------------------------------------
+    # -- fault tolerance: dist.shrink_group ------------------------------------------------------
     # torch 2.13's backend-neutral shrink_group(ranks_to_exclude) checks `supports_shrinking`, then calls
     # shrink(sorted excluded ranks, flags, options) on the survivors only and registers the backend it returns
     # in a new group (it destroys this one afterwards). The survivors rendezvous afresh through the same c10d

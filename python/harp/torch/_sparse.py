@@ -1,4 +1,4 @@
-"""Sparse (torch.sparse_coo) allreduce for the torch backend (issue 17), as gloo offers it.
+"""Sparse (torch.sparse_coo) allreduce for the torch backend, as gloo offers it.
 
     dist.all_reduce(grad)            # grad.is_sparse: an embedding's sparse gradient
     work = dist.all_reduce(grad, async_op=True); work.wait(); work.result()  # [the reduced tensor]

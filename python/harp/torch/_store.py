@@ -6,7 +6,7 @@ torch hands every process-group backend a PrefixStore over the job's store
 rides on whatever init_method the user chose, with no extra port.
 
 Secrets: no job secret is needed or derived here. Rank 0 of each communicator
-draws its data-plane token at random (core/communicator.cc) and publishes it
+draws its data-plane token at random (core/engine/communicator.cc) and publishes it
 through this store, so the token is as private as the torch store (torch's
 TCPStore has no authentication: see SECURITY.md). The adapter implements only
 set/get/add, so the rendezvous diagnostics of bootstrap/rendezvous.h degrade to

@@ -1,4 +1,4 @@
-"""harp.torch.hooks — DDP communication hooks with HARP wire compression (issue 17).
+"""harp.torch.hooks — DDP communication hooks with HARP wire compression.
 
 Usage::
 

@@ -6,7 +6,7 @@
 fp16 halves the bytes of a float32 allreduce at the cost of float16's range and
 precision (sums over ranks are formed in float16; large gradients can overflow
 to inf, as with Horovod's fp16 compression). HARP's top-k compression with error
-feedback (issue 17) will register here when it exists.
+feedback will register here when it exists.
 """
 from __future__ import annotations
 
