@@ -73,6 +73,8 @@ double parseTimeout(const char* name, const std::string& v) {
 
 }  // namespace
 
+namespace dynamic {
+
 std::string str(const char* name) { return valueOf(name, Type::kString); }
 
 bool has(const char* name) {
@@ -119,6 +121,8 @@ double timeoutOr(const char* name, double computed) {
   const char* v = autoValue(name, Type::kSeconds);
   return v ? parseTimeout(name, v) : computed;
 }
+
+}  // namespace dynamic
 
 double checkTimeout(double x, const std::string& what) {
   if (std::isnan(x) || x <= 0)

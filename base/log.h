@@ -6,7 +6,7 @@
 // peer and the algorithm chosen for each collective the first time it runs.
 // Thread-safe; each line is written with one write(2).
 //
-// Subsystems (issue 19, like NCCL_DEBUG_SUBSYS): HARP_DEBUG_SUBSYS=INIT,COLL
+// Subsystems (like NCCL_DEBUG_SUBSYS): HARP_DEBUG_SUBSYS=INIT,COLL
 // keeps only INFO/TRACE lines of those subsystems ("^INIT,NET": all but
 // those; default ALL). WARN lines always show. Lines logged with a subsystem
 // name it after the level:

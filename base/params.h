@@ -2,10 +2,11 @@
 //
 // Every variable HARP reads is declared once in base/params.def: name,
 // type, default, scope and one line of doc (NCCL_PARAM / ompi_info style).
-// Code reads values through base/env.h, which looks the name up here,
-// takes the default from the declaration and throws Error(kInternal) for a
-// name that is not declared, so a misspelt read fails the first test that
-// reaches it. `harp-config --params` lists the same table (python/harp/_params.py
+// Code reads values through base/env.h, which checks the name against
+// params::decl (this file, from params.def) when it compiles, so a misspelt
+// or mistyped read is a compile error, and takes the default from the
+// declaration; names known only at run time (env::dynamic) throw
+// Error(kInternal) when not declared. `harp-config --params` lists the same table (python/harp/_params.py
 // parses params.def).
 //
 //   const params::Param* p = params::find("HARP_TIMEOUT");   // nullptr: undeclared
@@ -35,6 +36,28 @@ struct Param {
   Scope scope;
   const char* doc;
 };
+
+// The same declarations at compile time, for base/env.h's checked names: a
+// read of a name params.def does not declare, of a parameter as another type
+// than declared, or of an "auto" parameter without a computed default (or the
+// other way round) does not compile.
+namespace decl {
+struct Entry {
+  std::string_view name;
+  Type type;
+  bool automatic;  // default "auto": the reader computes it
+};
+inline constexpr Entry kAll[] = {
+#define HARP_PARAM(name, type, def, choices, scope, doc) {#name, Type::k##type, std::string_view(def) == "auto"},
+#include "base/params.def"
+#undef HARP_PARAM
+};
+consteval const Entry* lookup(std::string_view name) {
+  for (const Entry& e : kAll)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+}  // namespace decl
 
 // All declared parameters, in params.def order.
 const Param* begin();

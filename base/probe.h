@@ -1,4 +1,4 @@
-// base/probe.h — is a caller's raw pointer range usable? (issue 12, item 12)
+// base/probe.h — is a caller's raw pointer range usable?
 //
 // Entry points that take raw addresses (the NCCL C API, bindings/nccl) hand
 // them to code that touches them with plain loads and stores — the shm

@@ -1,4 +1,4 @@
-// base/stall.h — the stall-warning hook long waits call (issue 19).
+// base/stall.h — the stall-warning hook long waits call.
 //
 // A communicator registers, per (communicator id, rank), what to do when one
 // of its waits has lasted HARP_STALL_WARNING_S (core/observe/recorder.h: publish and

@@ -1,4 +1,4 @@
-"""Coalesced allreduce (tensor fusion, issue 17): 64 float32 tensors of 4 KB-2 MB (32 MB in all)
+"""Coalesced allreduce (tensor fusion): 64 float32 tensors of 4 KB-2 MB (32 MB in all)
 as one allreduce_coalesced call, against one allreduce of the same 32 MB already flat, and 64
 separate allreduce calls; side by side in one job, iterations interleaved.
 
@@ -44,6 +44,7 @@ WORKER = r'''
 import json, os, sys, time
 import numpy as np
 import harp
+from harp.coalesce import FusionState
 
 out, iters, sizes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 comm = harp.init()
@@ -58,11 +59,14 @@ def run(mode):
             comm.allreduce(t)
     else:
         os.environ["HARP_COALESCE"] = "sg" if mode == "coalesced" else "fuse"
+        calls = comm.calls
+        if calls.fusion is None:
+            calls.fusion = FusionState()
         if mode.startswith("coalesced_"):
             f, al = mode.split("_")[1:]
-            comm._fusion_half_bytes, comm._fusion_alone_bytes = (int(f) << 20) // 2, int(al) << 10
+            calls.fusion.set_sizes((int(f) << 20) // 2, int(al) << 10)
         else:
-            comm._fusion_half_bytes = None  # the defaults (HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES)
+            calls.fusion.set_sizes()  # the defaults (HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES)
         comm.allreduce_coalesced(ts)
 
 modes = sys.argv[4].split("/")

@@ -1,4 +1,4 @@
-// bench/recorder_cost.cc — what the flight recorder's per-call hook costs, in C++ (issue 19).
+// bench/recorder_cost.cc — what the flight recorder's per-call hook costs, in C++.
 //
 // Build: g++ -std=c++20 -O2 -I. bench/recorder_cost.cc -Lbuild/dev -lharp -Wl,-rpath,$PWD/build/dev -o /tmp/reccost
 // Run:   HARP_TRANSPORT=shm /tmp/reccost [ranks=2] [rounds=20000] [iters=20]

@@ -1,5 +1,5 @@
 """What the always-on flight recorder costs: 8-byte allreduce latency with the recorder on and
-off, in one run, interleaved (issue 19; goal <= 1%).
+off, in one run, interleaved (goal <= 1%).
 
 --mode toggle (default): one communicator; the recorder is paused and resumed between rounds
 (_harp.obs_pause, core/observe/recorder.h Recorder::setPaused), so "on" and "off" run the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #2 benchmark: HARP over TCP loopback against gloo (torch.distributed) and
+# Benchmark: HARP over TCP loopback against gloo (torch.distributed) and
 # Open MPI (mpi4py) in the same run, float32 sum allreduce, 2 and 4 ranks.
 #   bench/tcp_vs_peers.sh [outdir]
 # Two sweeps per rank count:

@@ -180,7 +180,7 @@ UniqueId createUniqueId(const std::string& bind) {
   std::string secret = randomBytes(kSecretBytes);
   auto server = std::make_unique<TcpStoreServer>(addr, secret);
   UniqueId id = UniqueId::make(server->address(), secret);
-  id.bytes[UniqueId::kListeningByte] = 1;  // issue 12 item 10: a refusing store has retired
+  id.bytes[UniqueId::kListeningByte] = 1;  // a refusing store has retired
   std::lock_guard<std::mutex> g(g_servers_mu);
   reapLocked(false, "");
   std::string key = serverKey(server->address(), secret);  // before the move below

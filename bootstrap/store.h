@@ -189,7 +189,7 @@ class TcpStore : public Store {
   // server shed the connection (dial again). Throws on a verdict (see above).
   std::string hello(const std::string& key, Deadline dl, const std::string& what);
   void closeFd();
-  // Issue 19: one request at a time, so the op-counter publisher thread
+  // One request at a time, so the op-counter publisher thread
   // (core/observe/recorder.h) may share the connection with the communicator.
   std::mutex mu_;
   SockAddr server_;

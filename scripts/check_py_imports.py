@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""scripts/check_py_imports.py — no import circle among the modules of python/harp.
+"""scripts/check_py_imports.py — no import circle among the modules of python/harp, and no
+reach into another module's privates.
 
 Usage:
     python3 scripts/check_py_imports.py [--root DIR]
@@ -16,6 +17,16 @@ A package's __init__ that gathers names from its modules is fine; a module
 importing its own package's __init__ back is the circle this refuses (put what
 both need in a leaf module instead, as harp._work and
 harp.horovod.torch._names are).
+
+Private reaches: an attribute `x._name` (one leading underscore) read or
+written on anything but `self`/`cls`, where `_name` is a private member that
+another module of the package defines (a method, a class attribute, or an
+attribute it assigns on `self`) and the reading module does not define itself.
+Modules cooperate through documented handles instead (e.g.
+Communicator.calls, harp._work.CallLayer; ProcessGroupHarp.communicator).
+Private submodules (harp._buffers) and third-party privates (torch._C) are
+not members and are not reported; a third party's private that happens to
+share a member's name is marked on its line with `# private-ok: <why>`.
 """
 from __future__ import annotations
 
@@ -69,6 +80,49 @@ def imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return found
 
 
+def private_members(tree: ast.AST) -> set[str]:
+    """Private names a module defines as members: methods and class attributes of its classes,
+    and attributes it assigns on self/cls."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out.add(item.name)
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    for tg in (item.targets if isinstance(item, ast.Assign) else [item.target]):
+                        if isinstance(tg, ast.Name):
+                            out.add(tg.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            out.add(node.attr)
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reaches(root: Path) -> list[str]:
+    """'path:line: x._name' for each reach into a private member another module defines."""
+    mods = modules(root)
+    trees = {m: ast.parse(p.read_text(encoding="utf-8"), str(p)) for m, p in mods.items()}
+    owned = {m: private_members(tr) for m, tr in trees.items()}
+    submodules = {m.rsplit(".", 1)[-1] for m in mods}
+    out = []
+    for m, tree in trees.items():
+        others = set().union(*(o for k, o in owned.items() if k != m)) - owned[m]
+        lines = mods[m].read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in submodules or node.attr not in others:
+                continue
+            if "# private-ok:" in lines[node.lineno - 1]:  # a third party's private the name collides with
+                continue
+            rel = mods[m].relative_to(root).as_posix()
+            out.append(f"{rel}:{node.lineno}: {ast.unparse(node)}: reaches into a private member of another module")
+    return out
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -116,14 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     mods = modules(args.root)
     graph = {m: imports(m, p, mods) for m, p in mods.items()}
     found = circles(graph)
+    reaches = private_reaches(args.root)
+    for line in reaches:
+        print(line)
     for comp in found:
         inside = set(comp)
         print(f"import circle: {', '.join(comp)}")
         for m in comp:
             print(f"  {m} -> {', '.join(sorted(graph[m] & inside))}")
-    if found:
+    if found or reaches:
         return 1
-    print(f"python/harp: {len(mods)} modules, no import circle")
+    print(f"python/harp: {len(mods)} modules, no import circle, no private reach")
     return 0
 
 

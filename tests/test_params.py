@@ -251,3 +251,30 @@ def test_docs_params_md_is_current():
     assert r.returncode == 0, r.stderr
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert "docs/params.md" in readme and "harp-config --params" in readme
+
+
+# -- C++ reads are checked when they compile (base/env.h Name, params::decl from params.def) ----------
+CXX = os.environ.get("CXX") or "c++"
+COMPILE_CASES = [
+    ('env::str("HARP_TRANSPRT")', "HARP_name_is_not_declared_in_base_params_def"),
+    ('env::integer("HARP_SEGMENT_BYTES")', "HARP_parameter_is_read_as_another_type_than_params_def_declares"),
+    ('env::integer("HARP_SHM_SLOTS")', "HARP_auto_parameter_needs_the_computed_default_read_it_with_an_Or_function"),
+    ('env::integerOr("HARP_SPIN", 3)', "HARP_parameter_with_a_fixed_default_takes_no_computed_default"),
+    ('env::bytes("HARP_SEGMENT_BYTES"), env::integerOr("HARP_SHM_SLOTS", 2), env::str("HARP_SPIN")', None),
+]
+
+
+@pytest.mark.parametrize("read, rule", COMPILE_CASES, ids=[c[1] or "declared" for c in COMPILE_CASES])
+def test_a_misspelt_or_mistyped_read_does_not_compile(tmp_path, read, rule):
+    src = tmp_path / "read.cc"
+    src.write_text(f'#include "base/env.h"\nusing namespace harp;\nvoid f() {{ (void)({read}); }}\n')
+    try:
+        p = subprocess.run([CXX, "-std=c++20", "-fsyntax-only", "-I", ROOT, str(src)], capture_output=True,
+                           text=True, timeout=120)
+    except FileNotFoundError:
+        pytest.skip(f"no C++ compiler ({CXX})")
+    if rule is None:
+        assert p.returncode == 0, p.stderr
+    else:
+        assert p.returncode != 0, f"{read} compiled"
+        assert rule in p.stderr, p.stderr[-2000:]

@@ -364,7 +364,7 @@ void Handshake::run(int listen_fd, Deadline dl) {
     std::vector<Conn*> keep;
     // A finished Conn is freed and its slot nulled at once: when a later Conn
     // of the same round throws (a dead or impostor peer), ~Handshake must not
-    // free or close it a second time (issue 18: double free, and a stray close
+    // free or close it a second time (a double free, and a stray close
     // of whatever reused the fd number, after a peer died during set-up).
     for (Conn*& c : out_) {
       bool ready = pfds[at++].revents != 0;

@@ -1,4 +1,4 @@
-"""Wire compression (issue 17) on the arena: fp16/bf16/top-k vs dense HARP, side by side in one run.
+"""Wire compression on the arena: fp16/bf16/top-k vs dense HARP, side by side in one run.
 
     python3 bench/vpc/compress_bench.py --hosts 4 --rate 1gbit --mb 64 --repeat 3 \\
         --out bench/vpc/results/compress.json

@@ -11,7 +11,7 @@ float32 parameters, 100 MB of gradients per step), synthetic data seeded by
 (rank, step), SGD. Rank 0 prints one JSON line "TRAIN {...}" with samples/s
 over the timed steps and the final loss averaged over ranks.
 
-Issue 17 options (defaults leave the run as before): --bucket-cap-mb (DDP's
+Study options (defaults leave the run as before): --bucket-cap-mb (DDP's
 bucket_cap_mb; default torch's 25), --compress SPEC (HARP backend only: DDP comm
 hook harp.torch.hooks.topk_hook for topk:..., fp16_wire_hook / bf16_wire_hook for
 fp16/bf16; ',ef' is added to top-k specs; a trailing '!' skips the gate),
@@ -40,7 +40,7 @@ def model_of(width, depth_in=1024, seed=0):
 
 
 def register_hook(model, spec, backend):
-    """Issue 17: a harp.torch.hooks DDP comm hook for `spec` (topk:..., fp16, bf16)."""
+    """A harp.torch.hooks DDP comm hook for `spec` (topk:..., fp16, bf16)."""
     if backend != "harp":
         raise SystemExit("ddp_train: --compress needs --backend harp")
     from harp.torch import hooks

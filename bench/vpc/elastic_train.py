@@ -1,4 +1,4 @@
-"""Elastic data-parallel training on the arena (issue 18): ranks killed at random times, training goes on.
+"""Elastic data-parallel training on the arena: ranks killed at random times, training goes on.
 
     python3 bench/vpc/elastic_train.py --hosts 4 --ppn 2 --kills 3 --out bench/vpc/results/elastic.json
 

@@ -1,4 +1,4 @@
-"""Fault tolerance on the arena (issue 18): lose rank(s) during a 64 MB allreduce, N trials.
+"""Fault tolerance on the arena: lose rank(s) during a 64 MB allreduce, N trials.
 
     python3 bench/vpc/ft_bench.py --hosts 4 --ppn 2 --trials 100 --mode kill --out bench/vpc/results/ft.json
 

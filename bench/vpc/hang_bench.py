@@ -1,4 +1,4 @@
-"""Injected hangs (issue 19's acceptance run): in each trial a random rank of --ranks either sleeps
+"""Injected hangs (the observability acceptance run): in each trial a random rank of --ranks either sleeps
 before a random allreduce N (until every other rank has timed out) or skips it. Checked per trial:
 
   * every other rank's error names exactly that rank and N ("Missing ranks (have not started

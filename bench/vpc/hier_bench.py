@@ -1,4 +1,4 @@
-"""Hierarchical vs flat allreduce on the arena (issue 16): HARP auto / ring / rail / leader, gloo, Open MPI.
+"""Hierarchical vs flat allreduce on the arena: HARP auto / ring / rail / leader, gloo, Open MPI.
 
     python3 bench/vpc/hier_bench.py --shapes 2x2,4x2 --rate 1gbit --size 32M --repeat 3 \\
         --out bench/vpc/results/hier.json

@@ -1,4 +1,4 @@
-"""TCP lanes under a per-flow cap (issue 16): 64 MB allreduce busbw across arena hosts.
+"""TCP lanes under a per-flow cap: 64 MB allreduce busbw across arena hosts.
 
     python3 bench/vpc/lanes_bench.py --hosts 4 --rate 1gbit --flow-cap 250mbit --repeat 2 \
         --out bench/vpc/results/lanes.json
@@ -15,7 +15,7 @@ after one warm-up) for:
   harp-4-thr                          4 lanes, one lane of host 0 -> host 1
                                       throttled to flow-cap/4 (harp-cluster
                                       throttle) while the job runs
-  old-4, old-4-thr                    the library before issue 16 (--old-python
+  old-4, old-4-thr                    the library before TCP lanes (--old-python
                                       DIR: its built python/ folder) with
                                       HARP_NSOCKS_PERPEER=4, without and with the
                                       throttled lane (skipped without --old-python)
@@ -199,7 +199,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--old-python", help="python/ folder of a built HARP before issue 16 (old-* configs)")
+    ap.add_argument("--old-python", help="python/ folder of a built HARP from before TCP lanes (old-* configs)")
     ap.add_argument("--out", required=False)
     a = ap.parse_args()
     if a.worker:

@@ -9,10 +9,10 @@ cluster --name (brought up with max(--hosts) hosts if not up). Efficiency at
 H hosts = samples/s(H) / (H x samples/s(1)) with the same backend, medians
 over repetitions. Writes one JSON with a provenance stamp.
 
-Issue 16 study: DDP at 4 hosts x 2 ranks, gloo vs HARP flat vs HARP automatic vs rail:
+Hierarchy study: DDP at 4 hosts x 2 ranks, gloo vs HARP flat vs HARP automatic vs rail:
     python3 bench/vpc/train_bench.py --hier --hosts 4 --ppn 2 --repeat 3 --out .../ddp-hier-4x2.json
 
-Issue 17 studies (defaults unchanged without these options):
+Bucket-size and compression studies (defaults unchanged without these options):
     python3 bench/vpc/train_bench.py --hosts 4 --bucket-caps 1,25 --repeat 3 --out .../ddp-buckets.json
         DDP on HARP with each bucket_cap_mb (interleaved per repetition): samples/s and the
         ratio of each cap's median to the last cap's (target: 1 MB within 10% of 25 MB).
@@ -87,7 +87,7 @@ def scaling(a, name, hosts_list):
     return {"runs": runs, "summary": summary}
 
 
-# Issue 16: DDP at H hosts x L ranks, gloo against HARP flat (the selector may not
+# Hierarchy study: DDP at H hosts x L ranks, gloo against HARP flat (the selector may not
 # pick a hierarchical algorithm: HARP_HIER=0), HARP's automatic choice, and rail forced.
 HIER_VARIANTS = {"gloo": ("gloo", {}), "harp-flat": ("harp", {"HARP_HIER": "0"}), "harp-auto": ("harp", {}),
                  "harp-rail": ("harp", {"HARP_ALGO": "allreduce:rail"})}
@@ -130,7 +130,7 @@ def _common(a):
 
 
 def bucket_caps(a, name, hosts):
-    """Issue 17: DDP on HARP with each --bucket-caps value, interleaved per repetition."""
+    """Bucket-size study: DDP on HARP with each --bucket-caps value, interleaved per repetition."""
     caps = [float(c) for c in a.bucket_caps.split(",")]
     runs = {c: [] for c in caps}
     for _ in range(a.repeat):
@@ -148,7 +148,7 @@ def bucket_caps(a, name, hosts):
 
 
 def compress_study(a, name, hosts):
-    """Issue 17: per seed, dense HARP, HARP with the --compress comm hook, and gloo."""
+    """Compression study: per seed, dense HARP, HARP with the --compress comm hook, and gloo."""
     out = {}
     for seed in [int(x) for x in a.seeds.split(",")]:
         base = ["--seed", str(seed)] + _common(a)
@@ -178,13 +178,13 @@ def main():
     ap.add_argument("--launchers-only", action="store_true")
     ap.add_argument("--launchers", default="harp,torchrun,mpirun,slurm,ray",
                     help="with --launchers-only: the launchers running the harp backend (gloo runs under harp)")
-    ap.add_argument("--bucket-caps", default="", help="issue 17: e.g. 1,25 (DDP bucket_cap_mb study on HARP)")
-    ap.add_argument("--compress", default="", help="issue 17: e.g. 'topk:0.01!' (comm hook study, with --seeds)")
+    ap.add_argument("--bucket-caps", default="", help="e.g. 1,25 (DDP bucket_cap_mb study on HARP)")
+    ap.add_argument("--compress", default="", help="e.g. 'topk:0.01!' (comm hook study, with --seeds)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--width", type=int, default=0, help="ddp_train.py --width (0: its default)")
-    ap.add_argument("--ppn", type=int, default=1, help="issue 16: ranks per host for --hier")
+    ap.add_argument("--ppn", type=int, default=1, help="ranks per host for --hier")
     ap.add_argument("--hier", action="store_true",
-                    help="issue 16: DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
+                    help="DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
     ap.add_argument("--variants", default="gloo,harp-flat,harp-auto,harp-rail")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

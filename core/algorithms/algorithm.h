@@ -28,7 +28,7 @@ struct TransportParams {
 // per rank where the collective is per rank) on p ranks.
 using CostFn = double (*)(double n, int p, const TransportParams& t);
 
-// Hierarchical algorithms (issue 16) are costed with the shape of the
+// Hierarchical algorithms are costed with the shape of the
 // communicator and two parameter sets: `intra` for the legs inside a host
 // (shm's calibration line) and `inter` for the legs between hosts (tcp's).
 // hosts: host count; local: ranks on the largest host. One NIC per host is
@@ -50,7 +50,7 @@ struct Restrictions {
   int min_ranks = 1;
   int max_ranks = 0;              // 0: no limit
   size_t max_count = 0;           // elements; 0: no limit
-  // Topology (issue 16), from the communicator's host map (core/topology/topology.h).
+  // Topology, from the communicator's host map (core/topology/topology.h).
   int min_hosts = 1;              // hosts at least
   int min_local_ranks = 1;        // ranks on the largest host at least
   bool uniform_hosts = false;     // every host has the same number of ranks
@@ -73,7 +73,7 @@ struct AlgorithmSpec {
   Restrictions restrictions = {};
   CostFn cost = nullptr;  // nullptr: never picked by the cost model
   const char* fallback = nullptr;  // same collective; used when a restriction fails
-  HierCostFn hier_cost = nullptr;  // hierarchical algorithms: used instead of `cost` (issue 16)
+  HierCostFn hier_cost = nullptr;  // hierarchical algorithms: used instead of `cost`
   // A flat algorithm whose rounds fall on hosts in a known way: its cost on hosts of equal,
   // block-placed ranks (intra rounds on the intra line, inter rounds on the inter line with a
   // host's ranks sharing its uplink). nullptr: `cost` with the communicator's line for every round.

@@ -1,5 +1,5 @@
-// Allgather, leader (hierarchical; issue "Collectives for many hosts and
-// sharded training"): intra-host gather of the host's blocks to its leader
+// Allgather, leader (hierarchical, for many hosts and sharded training):
+// intra-host gather of the host's blocks to its leader
 // (lowest rank), allgather of per-host packs among the leaders, intra-host
 // broadcast of the whole result. Only the leader of each host crosses the
 // network. The leader form (not rail) because it works on uneven hosts with

@@ -1,4 +1,4 @@
-// Allreduce, leader (hierarchical, for small messages; issue 16): intra-host
+// Allreduce, leader (hierarchical, for small messages): intra-host
 // reduce to the host's leader (its lowest rank), allreduce among the leaders,
 // intra-host broadcast. Open MPI HAN's and Horovod's small-message path.
 //

@@ -1,4 +1,4 @@
-// Allreduce, rail (hierarchical; issue 16): intra-host reduce-scatter over
+// Allreduce, rail (hierarchical): intra-host reduce-scatter over
 // shared memory, one inter-host allreduce per local rank at once (each rail
 // its own sockets), intra-host allgather. UCC's split_rail, NCCL's
 // tree-of-rings idea, Horovod's hierarchical allreduce.

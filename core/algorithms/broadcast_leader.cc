@@ -1,4 +1,4 @@
-// Broadcast, leader (hierarchical; issue 16): the root's host first, then the
+// Broadcast, leader (hierarchical): the root's host first, then the
 // hosts' leaders, then every other host.
 //
 // Steps (H hosts, L ranks on the largest host, n bytes; the legs are the

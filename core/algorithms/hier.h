@@ -1,6 +1,6 @@
-// core/algorithms/hier.h — what the hierarchical algorithms (issue 16:
-// allreduce_rail.cc, allreduce_leader.cc, ...) share: the per-leg call
-// overhead of the cost model and the reduction op their legs run.
+// core/algorithms/hier.h — what the hierarchical algorithms (allreduce_rail.cc,
+// allreduce_leader.cc, ...) share: the per-leg call overhead of the cost model
+// and the reduction op their legs run.
 //
 // A leg is one blocking collective on a sub-communicator (core/topology/topology.h
 // runOn): it costs a call (validation, the selector's memo, a Context, the

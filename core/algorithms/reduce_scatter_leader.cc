@@ -1,5 +1,5 @@
-// Reduce-scatter, leader (hierarchical; issue "Collectives for many hosts and
-// sharded training"): intra-host reduce of the whole input to the host's
+// Reduce-scatter, leader (hierarchical, for many hosts and sharded training):
+// intra-host reduce of the whole input to the host's
 // leader, reduce_scatter of host-sized groups of blocks among the leaders,
 // intra-host scatter of the host's blocks to its ranks. Only the leader of
 // each host crosses the network. The leader form (not rail) because it works

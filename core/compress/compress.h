@@ -1,4 +1,4 @@
-// core/compress/compress.h — wire compression for float32 sum/avg allreduce (issue 17).
+// core/compress/compress.h — wire compression for float32 sum/avg allreduce.
 //
 // Usage. A CollArgs carries a CompressSpec (core/engine/communicator.h). Python:
 //   comm.allreduce(x, compress="fp16")            # fp16 on the wire, float32 sums

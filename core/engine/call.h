@@ -45,7 +45,7 @@ struct P2pOp {
   size_t count = 0;     // elements
 };
 
-// One buffer of an allreduce_coalesced (issue 17): `count` elements of the
+// One buffer of an allreduce_coalesced: `count` elements of the
 // call's dtype, reduced from `send` into `recv` (the same pointer: in place;
 // otherwise the two must not overlap). Pieces must not overlap each other.
 struct BufPiece {
@@ -54,7 +54,7 @@ struct BufPiece {
   size_t count = 0;
 };
 
-// Compression (issue 17): how a float32 sum/avg allreduce may travel
+// Compression: how a float32 sum/avg allreduce may travel
 // compressed (core/compress/compress.h has the whole story: kinds, gate, residuals).
 // kDefault takes the communicator's HARP_COMPRESS; other collectives, dtypes
 // and ops ignore it.
@@ -87,7 +87,7 @@ struct CollArgs {
   std::vector<P2pOp> p2p;  // p2p_batch: posted together, then waited for together
   std::vector<BufPiece> pieces;  // allreduce_coalesced: the buffers, in order (count = their sum)
   CollOptions opts;
-  CompressSpec compress;  // Compression (issue 17): allreduce only
+  CompressSpec compress;  // Compression: allreduce only
 };
 
 class Work {

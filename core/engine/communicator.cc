@@ -218,7 +218,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
   res_.check_window = static_cast<int>(std::clamp<long long>(env::integer("HARP_CHECK_WINDOW"), 1, 64));
   res_.deferred.resize(res_.check_window + 1);
-  res_.owner = this;                       // Topology (issue 16)
+  res_.owner = this;                       // Topology
   hier_auto_ = env::flag("HARP_HIER");
 }
 
@@ -234,7 +234,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
     std::shared_ptr<Communicator> c(new Communicator(store, rank, size, std::move(opts)));
     c->connectAll();
     rendezvousDone(*store);
-    c->attachRecorder();  // issue 19: flight recorder
+    c->attachRecorder();  // flight recorder
     return c;
   } catch (const Error& e) {
     postRendezvousError(*store, e.kind() == Error::kInvalidArgument ? Error::kPeerFailure : e.kind(),
@@ -332,7 +332,7 @@ void Communicator::connectAll() {
   adaptSpin();
   assignPeers(plan, avail);
   connectTransports(plan, commInfo());
-  startKeepAlive();  // issue 18: core/engine/communicator_ft.cc
+  startKeepAlive();  // fault tolerance: core/engine/communicator_ft.cc
   transport_kind_ = transportKind(res_.transport_of);
   HARP_INFO_S(LogSubsys::kInit, "comm %016llx ready: rank %d of %d, reduction kernels %s", (unsigned long long)comm_id_, rank_, size_,
             reduceKernelName());
@@ -367,7 +367,7 @@ std::vector<std::vector<std::string>> Communicator::exchangeHostInfo(const Plan&
     nics[r] = v.at(3);
     avail[r].assign(v.begin() + 4, v.end());
   }
-  confirmHosts(nics);  // Topology (issue 16): probe the claimed host keys, build topo_
+  confirmHosts(nics);  // Topology: probe the claimed host keys, build topo_
   return avail;
 }
 
@@ -582,7 +582,7 @@ SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, 
   q.in_place = a.sendbuf && a.sendbuf == a.recvbuf;
   q.op = a.op;
   q.user_algo = a.opts.algo;
-  q.hosts = topo.hosts;  // Topology (issue 16)
+  q.hosts = topo.hosts;  // Topology
   q.min_local = topo.min_local;
   q.max_local = topo.max_local;
   q.blocked = topo.blocked;
@@ -805,7 +805,7 @@ void Communicator::runCollective(CollArgs& a) {
 // widened data under the caller's dtype, so disagreements stay visible).
 void Communicator::runWith(CollArgs& a, DataType user_dtype) {
   const double timeout = a.opts.timeout_s > 0 ? a.opts.timeout_s : timeout_s_;
-  // Compression (issue 17): a compressed float32 allreduce runs its own algorithm, whose
+  // Compression: a compressed float32 allreduce runs its own algorithm, whose
   // reserved index in the tag and descriptor keeps ranks that disagree apart (core/compress/compress.h).
   const Algorithm* algo = a.coll == CollType::kAllreduce && a.compress.kind != CompressKind::kNone
                               ? compressedAlgorithm(a) : nullptr;
@@ -830,8 +830,8 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
     check = a.coll != CollType::kBarrier && !collVcounts(a.coll) && size_ > 1 &&
             (rooted || a.count == 0 || !tagIsExact(d.root, d.count));
   }
-  obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // issue 19: flight recorder
-  // issue 18: the Context outlives the catch below: markBroken() fails the
+  obs::OpScope recorded(recorder_.get(), a, algo, user_dtype, p2p ? 0 : d.seq);  // flight recorder
+  // The Context outlives the catch below: markBroken() fails the
   // transports' pending requests, which live in it (destroyed first, they were
   // freed memory the abort wrote to: "double free or corruption" in failAll).
   std::optional<Context> live;
@@ -858,14 +858,14 @@ void Communicator::runWith(CollArgs& a, DataType user_dtype) {
       markBroken(why);
       throw Error(Error::kMismatch, why);
     }
-    // Issue 19: a timeout (this rank's or a peer's) gains the op-count view
+    // A timeout (this rank's or a peer's) gains the op-count view
     // naming the ranks that never started this collective.
     std::string why = obs::withOpCounts(recorder_.get(), e.what());
     markBroken(why);
-    // issue 18: a transport's failure text quoting a revocation is a revocation
+    // A transport's failure text quoting a revocation is a revocation
     if (e.kind() == Error::kPeerFailure && noticeKind(why) == Error::kRevoked) throw Error(Error::kRevoked, why);
     if (e.kind() == Error::kPeerFailure) {
-      std::string dead = keepAliveVerdict(why);  // issue 18: name the dead rank(s)
+      std::string dead = keepAliveVerdict(why);  // name the dead rank(s)
       if (!dead.empty()) throw Error(Error::kPeerFailure, why + "; " + dead);
     }
     if (why.size() == std::strlen(e.what())) throw;
@@ -947,11 +947,11 @@ void Communicator::markBroken(const std::string& why) {
     broken_kind_ = Error::kPeerFailure;
     if (why.find("mismatch") != std::string::npos) broken_kind_ = Error::kMismatch;
     if (why.find("timed out") != std::string::npos) broken_kind_ = Error::kTimeout;
-    if (why.find(kRevokedMark) != std::string::npos) broken_kind_ = Error::kRevoked;  // issue 18
+    if (why.find(kRevokedMark) != std::string::npos) broken_kind_ = Error::kRevoked;
     broken_.store(true);
   }
   HARP_WARN("communicator broken: %s", why.c_str());
-  recordFailure(why);  // issue 19: flight-record dump (HARP_FR_DUMP_ON_FAILURE)
+  recordFailure(why);  // flight-record dump (HARP_FR_DUMP_ON_FAILURE)
   // The notice says which collective this rank completed last, so a peer that
   // finishes that one as well keeps it (closingCheck): ranks agree on it.
   const uint64_t done = done_word_.fetch_or(1, std::memory_order_acq_rel) >> 1;
@@ -960,7 +960,7 @@ void Communicator::markBroken(const std::string& why) {
   const std::string notice =
       "after collective #" + std::to_string(done) + ": " + (mismatch ? "collective mismatch: " : "") + why;
   for (auto& t : res_.transports) t->abort(notice);
-  abortSubComms(notice);  // Topology (issue 16): peers waiting in a sub-communicator learn it too
+  abortSubComms(notice);  // Topology: peers waiting in a sub-communicator learn it too
 }
 
 std::string Communicator::brokenReason() {
@@ -984,7 +984,7 @@ void Communicator::destroy() {
     destroyed_ = true;
     stop_ = true;
   }
-  stopKeepAlive();  // issue 18: before the transports its callback aborts go
+  stopKeepAlive();  // before the transports its callback aborts go
   q_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> ex(exec_mu_);
@@ -997,11 +997,11 @@ void Communicator::destroy() {
     late = std::current_exception();
   }
   try {
-    destroySubComms();  // Topology (issue 16)
+    destroySubComms();  // Topology
   } catch (...) {
     if (!late) late = std::current_exception();
   }
-  retireRecorder();  // issue 19: off the process list, and lets go of the store
+  retireRecorder();  // off the process list, and lets go of the store
   store_.reset();  // closes a TcpStore connection now (the root may then retire)
   res_.transports.clear();
   res_.scratch.trim(0);
@@ -1118,7 +1118,7 @@ std::shared_ptr<Communicator> Communicator::splitCreate(const std::vector<int64_
   CommOptions o = opts_;
   o.timeout_s = timeout_s_;
   auto made = create(std::make_shared<PrefixStore>(store_, prefix), new_rank, static_cast<int>(members.size()), o);
-  // Issue 19: the flight record names the parent's global ranks.
+  // The flight record names the parent's global ranks.
   if (made->recorder_ && recorder_) {
     std::vector<int> parent = recorder_->globalRanks(), g;
     for (auto& m : members) g.push_back(parent.at(m.second));

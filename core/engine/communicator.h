@@ -49,9 +49,9 @@ namespace harp {
 
 class Context;
 class Communicator;
-class KeepAlive;  // core/ft/keepalive.h (issue 18)
+class KeepAlive;  // core/ft/keepalive.h
 namespace obs {
-class Recorder;  // core/observe/recorder.h (issue 19)
+class Recorder;  // core/observe/recorder.h
 }
 
 class Communicator : public Group, public std::enable_shared_from_this<Communicator> {
@@ -86,8 +86,8 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   std::shared_ptr<Work> broadcast(void* buf, size_t count, DataType dt, int root, CollOptions o = {},
                                   bool async = false);
   std::shared_ptr<Work> barrier(bool async = false);
-  // One allreduce schedule over a list of buffers of one dtype (issue 17,
-  // core/algorithms/allreduce_coalesced_ring.cc): no packing copies. Every
+  // One allreduce schedule over a list of buffers of one dtype
+  // (core/algorithms/allreduce_coalesced_ring.cc): no packing copies. Every
   // rank passes the same counts in the same order (checked exactly: a
   // disagreement raises MismatchError on every rank); integer avg is refused.
   std::shared_ptr<Work> allreduceCoalesced(std::vector<BufPiece> pieces, DataType dt, ReduceOp op,
@@ -104,7 +104,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   // fails (each needs this rank's data or descriptor).
   void abort(const std::string& reason) override;
   // This rank, the root of rooted collective `c`, refused its own arguments
-  // (a root-only buffer of the wrong size, issue 12) before running it: the
+  // (a root-only buffer of the wrong size) before running it: the
   // other ranks wait in it for the root, so break the communicator on every
   // rank now, quoting `why` (they raise PeerError naming this rank and the
   // reason, not a timeout). Not rooted, or one rank: nothing to do.
@@ -192,7 +192,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   AlgoMemo algo_memo_[32];
   const struct Algorithm* algorithmFor(const CollArgs& a);
 
-  // Topology (issue 16): the host map and the sub-communicators of the
+  // Topology: the host map and the sub-communicators of the
   // hierarchical algorithms (core/topology/topology.h; core/engine/communicator_topology.cc).
  public:
   // Which ranks share a host (confirmed keys; the same on every rank).
@@ -211,7 +211,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   bool hier_auto_ = true;               // HARP_HIER
   std::mutex subs_mu_;                  // subs_ against abort() from other threads
   std::unique_ptr<SubComms> subs_;      // nullptr until the first hierarchical collective
-  // Compression (issue 17; core/compress/compress.h, defined in core/engine/communicator_compress.cc).
+  // Compression (core/compress/compress.h, defined in core/engine/communicator_compress.cc).
  public:
   // The compression state (HARP_COMPRESS default, residuals, counters); created on first use.
   CompressEngine& compression();
@@ -221,7 +221,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   const struct Algorithm* compressedAlgorithm(CollArgs& a);
   std::once_flag compress_once_;
   std::shared_ptr<CompressEngine> compress_;
-  // Fault tolerance (issue 18): definitions in core/engine/communicator_ft.cc.
+  // Fault tolerance: definitions in core/engine/communicator_ft.cc.
   // Failure detection: a KeepAlive (core/ft/keepalive.h) started at creation
   // reports a dead, frozen or cut-off peer within HARP_KEEPALIVE_TIMEOUT and
   // breaks the communicator naming it, on every rank. The recovery calls below
@@ -268,7 +268,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   std::string keepAliveVerdict(const std::string& failure);
   std::unique_ptr<KeepAlive> keepalive_;
   uint32_t agree_seq_ = 0, shrink_seq_ = 0, grow_seq_ = 0;
-  // Observability (issue 19): flight recorder, op counters and metrics
+  // Observability: flight recorder, op counters and metrics
   // (core/observe/recorder.h); made by attachRecorder() when creation succeeded,
   // retired by destroy(). core/engine/communicator_obs.cc.
  public:

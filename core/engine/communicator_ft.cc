@@ -1,4 +1,4 @@
-// core/engine/communicator_ft.cc — fault tolerance (issue 18): the keep-alive, revoke,
+// core/engine/communicator_ft.cc — fault tolerance: the keep-alive, revoke,
 // agree, shrink and grow of core/engine/communicator.h ("Fault tolerance" block).
 //
 // Recovery runs through the bootstrap store, never through the (possibly

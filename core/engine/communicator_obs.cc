@@ -1,4 +1,4 @@
-// core/engine/communicator_obs.cc — the communicator's side of issue 19: making,
+// core/engine/communicator_obs.cc — the communicator's side of observability: making,
 // retiring and dumping its flight recorder (core/observe/recorder.h).
 #include <algorithm>
 

@@ -1,7 +1,7 @@
-// core/engine/communicator_topology.cc — the Communicator's topology functions (issue 16):
+// core/engine/communicator_topology.cc — the Communicator's topology functions:
 // confirming which ranks share a host, the host map, and the sub-communicators
 // hierarchical algorithms run on. See core/topology/topology.h for the model and
-// core/engine/communicator.h ("Topology (issue 16)") for the declarations.
+// core/engine/communicator.h ("Topology") for the declarations.
 //
 // Sub-communicators: intra (this host's ranks) and rail (the i-th rank of
 // every host; rail 0 = the leaders) are ordinary communicators made with

@@ -124,7 +124,7 @@ void Context::check(Request* r) {
   }
   // A peer that found a mismatch aborts with that text: keep the kind, so every
   // rank raises the same class of error.
-  Error::Kind kind = noticeKind(r->error);  // mismatch, revoked (issue 18) or peer failure
+  Error::Kind kind = noticeKind(r->error);  // mismatch, revoked or peer failure
   if (r->failure == Request::kLocal) kind = Error::kInvalidArgument;  // our own buffer, not the peer
   throw Error(kind, std::string(collName(args_.coll)) + " on rank " + std::to_string(rank_) + " failed: " + r->error);
 }
@@ -141,7 +141,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
   const int kSpin = pending > res_.spin_bytes ? 1 : res_.spin;
   Deadline dl = Deadline::after(timeout_s_);
   int idle = 0;
-  bool warned = false;  // issue 19: stall warning given
+  bool warned = false;  // stall warning given
   auto& transports = res_.transports;
   for (;;) {
     if (checksPending()) compareChecks();
@@ -172,7 +172,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
                                        " s waiting for rank(s) " + peers +
                                        " (a rank is stuck, dead, or did not call this collective)");
     }
-    // Stall warning (issue 19): once per wait, only here on the blocking path.
+    // Stall warning: once per wait, only here on the blocking path.
     // Elapsed from the deadline (remainingMs caps at ~25 days: HARP_TIMEOUT=inf
     // would read as a stall at once).
     if (res_.recorder && !warned &&
@@ -408,7 +408,7 @@ void Context::finishCheck() {
   waitAll(check_sends_);
 }
 
-// Topology (issue 16)
+// Topology
 SubComms& Context::subComms() {
   if (!res_.owner) throw Error(Error::kInternal, "this collective has no communicator to make sub-communicators of");
   return res_.owner->subComms();

@@ -123,7 +123,7 @@ class Context {
   uint64_t tag() const { return tag_; }
   double timeout() const { return timeout_s_; }
 
-  // Topology (issue 16): the intra-host and rail sub-communicators of this
+  // Topology: the intra-host and rail sub-communicators of this
   // collective's communicator (core/topology/topology.h), created collectively on the
   // first call. Hierarchical algorithms run their legs on them.
   SubComms& subComms();

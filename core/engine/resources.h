@@ -58,8 +58,8 @@ struct CommResources {
   Scratch scratch;                     // Context::scratch (core/engine/scratch.h)
   size_t scratch_keep = 0;             // HARP_SCRATCH_KEEP_BYTES: scratch kept between collectives
   std::vector<Descriptor> check_buf;   // peers' descriptors (Context::startCheck)
-  Communicator* owner = nullptr;       // Topology (issue 16): Context::subComms asks it
-  // Observability (issue 19): the flight recorder (nullptr: HARP_FR_ENTRIES=0)
+  Communicator* owner = nullptr;       // Topology: Context::subComms asks it
+  // Observability: the flight recorder (nullptr: HARP_FR_ENTRIES=0)
   // and HARP_STALL_WARNING_S, read once; Context::waitAll's stall check.
   obs::Recorder* recorder = nullptr;
   double stall_warning_s = 60;

@@ -1,4 +1,4 @@
-// core/observe/observer.cc — the process-wide side of issue 19: the list of live
+// core/observe/observer.cc — the process-wide side of observability: the list of live
 // recorders, the SIGUSR1 dump, the status socket and the counter publisher.
 //
 // Two threads start with the first communicator of a process (detached; they

@@ -1,5 +1,5 @@
 // core/observe/recorder.h — the flight recorder, operation counters and metrics of one
-// communicator (issue 19).
+// communicator.
 //
 // Every communicator owns a Recorder (unless HARP_FR_ENTRIES=0): a ring of the
 // last HARP_FR_ENTRIES operations, preallocated at creation, that

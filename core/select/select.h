@@ -9,7 +9,7 @@
 //              costs evaluated with the transport's Calibration (core/select/cost.h);
 //   4. fallback: an algorithm named by 1 or 2 whose restrictions fail is
 //              replaced by its declared fallback (followed until one holds).
-//   5. hierarchy (issue 16): where 2 or 3 picked a flat algorithm and the
+//   5. hierarchy: where 2 or 3 picked a flat algorithm and the
 //              communicator spans several hosts with several ranks on one,
 //              the cheapest applicable hierarchical algorithm (HierCostFn,
 //              intra = shm's line, inter = tcp's) replaces it only if the
@@ -57,7 +57,7 @@ struct SelectQuery {
   bool in_place = false;
   ReduceOp op = ReduceOp::kSum;
   std::string_view user_algo;    // CollOptions::algo; empty: none
-  // Topology (issue 16): the host map, the same on every rank (core/topology/topology.h).
+  // Topology: the host map, the same on every rank (core/topology/topology.h).
   int hosts = 1;
   int min_local = 1, max_local = 1;  // ranks on the smallest / largest host
   bool blocked = false;              // every host's ranks are consecutive (launchers' block placement)
@@ -94,7 +94,7 @@ struct Selection {
   std::vector<Candidate> candidates;
   TransportParams params;
   std::string params_source;
-  // Topology (issue 16): the flat pick a hierarchical algorithm replaced
+  // Topology: the flat pick a hierarchical algorithm replaced
   // (nullptr: none), where that pick came from, and both predictions.
   const Algorithm* hier_over = nullptr;
   PickSource hier_over_source = PickSource::kCostModel;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._types import numpy_dtype, parse_dtype, typed_count
 from .errors import InvalidArgumentError
 
 
@@ -52,3 +53,19 @@ def torch_cpu_view(t):
     if t.dtype.is_complex:
         return torch.view_as_real(t).numpy(), None
     return t.numpy(), None
+
+
+def out_buffer(recvbuf, like: np.ndarray, dtype, count: int, what: str, shape=None):
+    """A writable output holding exactly `count` elements of the call's datatype: recvbuf
+    checked (count x itemsize == its size), or a new array when recvbuf is None."""
+    if recvbuf is None:
+        if dtype is not None:  # count is in the override's elements
+            return np.empty(count, dtype=numpy_dtype(parse_dtype(dtype)))
+        return np.empty(shape if shape is not None else (count,), dtype=like.dtype)
+    out = as_array(recvbuf, f"{what}: recvbuf", writable=True)
+    if dtype is None and out.dtype != like.dtype:
+        raise InvalidArgumentError(f"{what}: recvbuf dtype {out.dtype} differs from sendbuf dtype {like.dtype}")
+    _, n = typed_count(out, dtype, f"{what}: recvbuf")
+    if n != count:
+        raise InvalidArgumentError(f"{what}: recvbuf has {n} elements, expected {count}")
+    return out

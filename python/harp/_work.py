@@ -1,7 +1,14 @@
-"""harp._work — the call layer every front shares: the Work handle and the timeout rules.
+"""harp._work — the call layer every front shares: the Work handle, the timeout rules and each
+communicator's CallLayer.
 
-harp.comm (Communicator), harp.coalesce and harp.compress build on this module, and none of them on
-each other for it: no import circle. Its names are re-exported by harp.comm and harp.
+harp.comm (Communicator), harp.coalesce, harp.compress and the torch backend build on this module,
+and none of them on each other for it: no import circle, no reach into another module's privates.
+Its public names are re-exported by harp.comm and harp.
+
+- ``CallLayer``: what a front needs to run calls on one communicator (``Communicator.calls``): the
+  compiled communicator (``core``), ``hold(work, buffers)`` to keep an async call's buffers alive
+  until the core is done with them, ``settle()`` before a general-path call, and ``fusion``, the
+  coalescing layer's state (harp.coalesce.FusionState, made at its first use).
 
 - ``Work``: the handle of an asynchronous call: ``wait(timeout)`` returns the output buffer and
   drops the buffers it kept alive; ``test()`` never blocks.
@@ -13,6 +20,7 @@ Errors are InvalidArgumentError naming `what` and the value.
 """
 from __future__ import annotations
 
+import collections
 import math
 from typing import Optional
 
@@ -57,6 +65,58 @@ def wait_seconds(timeout, what: str) -> float:
         raise InvalidArgumentError(f"{what} {timeout!r} is not allowed: a number of seconds >= 0 (None: until done)")
     return -1.0 if secs > 1e9 else secs  # past 1e9 s: no limit (such a deadline overflows the core's clock)
 
+
+class CallLayer:
+    """One communicator's calls as the fronts see them (harp.comm.Communicator.calls).
+
+    Usage (harp.compress):
+        calls = comm.calls
+        calls.settle()                                  # retire finished async calls first
+        w = _harp.compress_submit(calls.core, ...)      # the compiled communicator
+        if async_op:
+            calls.hold(w, (send, out))                  # buffers live until the core is done
+
+    Lifetime: made with its Communicator; ``wait_all()`` (the Communicator's __del__) waits for
+    every held call so no buffer is freed while the core may still write it. Threading: the
+    communicator's submitting thread only (like the calls themselves)."""
+
+    __slots__ = ("core", "_pending", "fusion")
+
+    def __init__(self, core):
+        self.core = core      # harp._harp.Comm
+        self._pending = None  # deque of (core work, buffers), oldest first; made at the first hold
+        self.fusion = None    # harp.coalesce.FusionState, made by the coalescing layer
+
+    def hold(self, w, keep) -> None:
+        """Own an async call's buffers until the core has finished with them, whether or not the
+        caller keeps the Work (a dropped handle must not free a buffer the collective still
+        writes). Collectives complete in issue order, so settle() costs one test() per finished call."""
+        p = self._pending
+        if p is None:
+            p = self._pending = collections.deque()
+        p.append((w, keep))
+
+    def settle(self) -> None:
+        """Drop the held calls that have finished (from the oldest)."""
+        p = self._pending
+        while p and p[0][0].test():
+            p.popleft()
+
+    @property
+    def pending(self) -> bool:
+        """Some async call may still use its buffers."""
+        return bool(self._pending)
+
+    def wait_all(self) -> None:
+        """Wait for every held call (each bounded by its collective's timeout); errors were the
+        callers' to fetch, only the buffers' lifetime matters here."""
+        p = self._pending
+        while p:
+            try:
+                p[0][0].wait(-1.0)
+            except Exception:  # noqa: BLE001
+                pass
+            p.popleft()
 
 
 class Work:

@@ -163,11 +163,37 @@ def _agree(comm, arrays, dts, code, timeout):
             f"counts differ); rank {comm.rank} has {len(arrays)} tensors [{shapes}] with op {code.name}")
 
 
+class FusionState:
+    """One communicator's fusion buffer (CallLayer.fusion): two staging halves, grown on demand,
+    so one chunk is copied in while the other is reduced; `current` is the unfinished
+    CoalescedWork they belong to (a new coalesced call waits for it first)."""
+
+    __slots__ = ("buffers", "current", "_sizes")
+
+    def __init__(self):
+        self.buffers = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+        self.current = None
+        self._sizes = None
+
+    def sizes(self):
+        """(half of HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES), read on first use."""
+        if self._sizes is None:
+            self._sizes = (fusion_bytes() // 2, fusion_bytes("HARP_FUSION_ALONE_BYTES"))
+        return self._sizes
+
+    def set_sizes(self, half=None, alone=None):
+        """Staging half and alone threshold in bytes for later calls (benchmarks sweep them);
+        None: back to HARP_FUSION_BYTES / 2 and HARP_FUSION_ALONE_BYTES."""
+        self._sizes = None if half is None else (int(half), int(alone))
+
+
 class CoalescedWork:
     """Handle of an asynchronous allreduce_coalesced; ``wait()`` returns the list of arrays."""
 
     def __init__(self, comm, arrays, result, items, code, secs, inline=False):
         self._comm, self._arrays, self._result = comm, arrays, result
+        self._calls = comm.calls
+        self._fusion = comm.calls.fusion  # FusionState: the two staging halves, this work's while it runs
         self._items, self._code, self._secs = items, code, secs
         self._inline = inline  # blocking call of one collective: run it on this thread
         self._flight = collections.deque()  # (core work, _Chunk or None), oldest first
@@ -176,8 +202,7 @@ class CoalescedWork:
 
     # -- issuing ------------------------------------------------------------------------------
     def _issue(self):
-        comm = self._comm
-        bufs = comm._fusion_buffers()
+        bufs = self._fusion.buffers
         busy = 0  # chunks in flight (each holds one half of the fusion buffer)
         for kind, what in self._items:
             if kind == "direct":
@@ -187,10 +212,10 @@ class CoalescedWork:
             if kind == "list":
                 arrs = [self._arrays[i] for i in what]
                 addrs = [address(a) for a in arrs]
-                w = self._comm._c.submit_coalesced(addrs, addrs, [a.size for a in arrs], int(dtype_of(arrs[0])),
+                w = self._calls.core.submit_coalesced(addrs, addrs, [a.size for a in arrs], int(dtype_of(arrs[0])),
                                                    int(self._code), "", self._secs, not self._inline)
                 self._flight.append((w, None))
-                self._comm._hold(w, (self._arrays,))
+                self._calls.hold(w, (self._arrays,))
                 continue
             while busy >= 2:
                 busy -= self._retire()
@@ -214,11 +239,11 @@ class CoalescedWork:
         return bufs[chunk.half][:need].view(chunk.npdt)
 
     def _submit(self, addr, count, dt, chunk):
-        comm = self._comm
-        w = comm._c.submit(int(Coll.allreduce), addr, addr, int(count), dt, int(self._code), 0, -1, 0, "",
+        calls = self._calls
+        w = calls.core.submit(int(Coll.allreduce), addr, addr, int(count), dt, int(self._code), 0, -1, 0, "",
                            self._secs, not self._inline, [], [], [], [])
         self._flight.append((w, chunk))
-        comm._hold(w, (self._arrays, comm._fusion))
+        calls.hold(w, (self._arrays, self._fusion.buffers))
 
     def _retire(self) -> int:
         """Wait for the oldest reduction, copy a chunk back; 1 when it freed a half of the buffer."""
@@ -227,7 +252,7 @@ class CoalescedWork:
         self._flight.popleft()
         if chunk is None:
             return 0
-        view = self._comm._fusion[chunk.half][:chunk.count * chunk.npdt.itemsize].view(chunk.npdt)
+        view = self._fusion.buffers[chunk.half][:chunk.count * chunk.npdt.itemsize].view(chunk.npdt)
         off = 0
         for i, start, n in chunk.pieces:
             self._arrays[i].reshape(-1)[start:start + n] = view[off:off + n]
@@ -243,8 +268,8 @@ class CoalescedWork:
             self._drop()
             raise
         finally:
-            if self._comm._coalesced is self:
-                self._comm._coalesced = None
+            if self._fusion.current is self:
+                self._fusion.current = None
         self._done = True
 
     def _drop(self):
@@ -308,25 +333,27 @@ def allreduce_coalesced(comm, tensors, op="sum", *, async_op=False, timeout=None
             dts.append(dtype_of(a))
         except ValueError as e:
             raise InvalidArgumentError(f"allreduce_coalesced: tensors[{i}]: {e}") from None
-    prev = comm._coalesced
-    if prev is not None:
-        prev.wait()
-    if comm._pending:
-        comm._drain()
+    calls = comm.calls
+    state = calls.fusion
+    if state is None:
+        state = calls.fusion = FusionState()
+    if state.current is not None:
+        state.current.wait()
+    calls.settle()
     _agree(comm, arrays, dts, code, timeout)
     if mode() == "fuse":
-        half, alone = comm._fusion_half()
+        half, alone = state.sizes()
         items = _plan(arrays, dts, half, alone)
     else:
         items = _plan_sg(arrays, dts, code)
     work = CoalescedWork(comm, arrays, result, items, code, secs, inline=not async_op and len(items) == 1)
-    comm._coalesced = work
+    state.current = work
     try:
         work._issue()
     except BaseException as e:
         work._error = e
         work._drop()
-        comm._coalesced = None
+        state.current = None
         raise
     if async_op:
         return work
@@ -334,4 +361,4 @@ def allreduce_coalesced(comm, tensors, op="sum", *, async_op=False, timeout=None
     return result
 
 
-__all__ = ["allreduce_coalesced", "CoalescedWork", "fusion_bytes"]
+__all__ = ["allreduce_coalesced", "CoalescedWork", "FusionState", "fusion_bytes"]

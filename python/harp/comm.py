@@ -48,10 +48,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _harp
-from ._buffers import address, as_array
+from ._buffers import address, as_array, out_buffer
 from ._harp import run_arrays as _run_arrays
 from ._types import MAX_TAG, Coll, DataType, ReduceOp, check_int, numpy_dtype, parse_dtype, parse_op, typed_count
-from ._work import Work, _float, _seconds, wait_seconds  # noqa: F401  (harp.comm.Work and the rules stay importable here)
+from ._work import CallLayer, Work, _float, _seconds, wait_seconds  # noqa: F401  (harp.comm.Work and the rules stay importable here)
 from .errors import InvalidArgumentError
 
 _ALLREDUCE = int(Coll.allreduce)
@@ -167,42 +167,30 @@ class Communicator:
         return self._c.broken
 
     # -- plumbing ---------------------------------------------------------------------
-    # Async calls whose buffers the core may still use: deque of (core work, buffers), oldest
-    # first. Created on the first async call (see _hold); waited for in __del__.
-    _pending = None
-
-    def _hold(self, w, keep):
-        """Own an async call's buffers until the core has finished with them, whether or not the
-        caller keeps the Work (a dropped handle must not free a buffer the collective still writes).
-        Finished entries are dropped from the front on later general-path calls; collectives
-        complete in issue order, so this costs one test() per finished call."""
-        p = self._pending
-        if p is None:
-            p = self._pending = collections.deque()
-        p.append((w, keep))
-
-    def _drain(self):
-        p = self._pending
-        while p and p[0][0].test():
-            p.popleft()
+    @property
+    def calls(self):
+        """This communicator's CallLayer (harp._work): the compiled communicator and the buffers of
+        its unfinished async calls, for the fronts built on it (coalesce, compress, the torch
+        backend). Not for applications."""
+        c = self.__dict__.get("_calls")
+        if c is None:
+            c = self._calls = CallLayer(self._c)
+        return c
 
     def __del__(self):
         # The core may still be writing into the pending calls' buffers: wait for each (the
         # collective's own timeout bounds this) before the buffers can go.
-        p = self._pending
-        while p:
-            try:
-                p[0][0].wait(-1.0)
-            except Exception:  # noqa: BLE001 - its error was the caller's to fetch; only the lifetime matters here
-                pass
-            p.popleft()
+        c = self.__dict__.get("_calls")
+        if c is not None:
+            c.wait_all()
 
     def _run(self, coll, send, recv, count, dt, *, op=ReduceOp.SUM, root=0, peer=-1, tag=0, algo=None,
              timeout=None, async_op=False, result=None, keep=(), v=None):
         # The message names the collective; built only when there is a timeout to check.
         secs = -1.0 if timeout is None else _seconds(timeout, f"{Coll(coll).name}: timeout")
-        if self._pending:
-            self._drain()
+        calls = self.__dict__.get("_calls")
+        if calls is not None and calls.pending:
+            calls.settle()
         if not async_op and v is None and peer < 0 and timeout is None:
             self._c.run(int(coll), send, recv, int(count), int(dt), int(op), int(root), algo or "")
             return result
@@ -210,7 +198,7 @@ class Communicator:
         w = self._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer), int(tag),
                            algo or "", secs, bool(async_op), sc, sd, rc, rd)
         if async_op:
-            self._hold(w, keep)
+            self.calls.hold(w, keep)
             return Work(w, result, keep)
         return result
 
@@ -237,21 +225,6 @@ class Communicator:
             _harp.refuse_rooted(self._c, int(coll), why)
             raise
 
-    def _out(self, recvbuf, like: np.ndarray, dtype, count: int, what: str, shape=None):
-        """A writable output holding exactly `count` elements of the call's datatype: recvbuf
-        checked (count x itemsize == its size), or a new array when recvbuf is None."""
-        if recvbuf is None:
-            if dtype is not None:  # count is in the override's elements
-                return np.empty(count, dtype=numpy_dtype(parse_dtype(dtype)))
-            return np.empty(shape if shape is not None else (count,), dtype=like.dtype)
-        out = as_array(recvbuf, f"{what}: recvbuf", writable=True)
-        if dtype is None and out.dtype != like.dtype:
-            raise InvalidArgumentError(f"{what}: recvbuf dtype {out.dtype} differs from sendbuf dtype {like.dtype}")
-        _, n = typed_count(out, dtype, f"{what}: recvbuf")
-        if n != count:
-            raise InvalidArgumentError(f"{what}: recvbuf has {n} elements, expected {count}")
-        return out
-
     # -- collectives -------------------------------------------------------------------
     # dtype= reads a buffer as that datatype: the element count is then the buffer's bytes /
     # itemsize (a remainder is refused), so no call reads or writes past a buffer.
@@ -271,7 +244,7 @@ class Communicator:
         code = parse_op(op)
         send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
         dt, n = typed_count(send, dtype, "allreduce: sendbuf")
-        out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "allreduce")
+        out = send if recvbuf is None else out_buffer(recvbuf, send, dtype, n, "allreduce")
         result = recvbuf if recvbuf is not None else sendbuf
         return self._run(Coll.allreduce, address(send), address(out), n, dt, op=code, algo=algo,
                          timeout=timeout, async_op=async_op, result=result, keep=(sendbuf, recvbuf, send, out))
@@ -299,7 +272,7 @@ class Communicator:
         out = None
         if is_root:
             with self._root_only(Coll.reduce):
-                out = send if recvbuf is None else self._out(recvbuf, send, dtype, n, "reduce")
+                out = send if recvbuf is None else out_buffer(recvbuf, send, dtype, n, "reduce")
         result = (recvbuf if recvbuf is not None else sendbuf) if is_root else None
         return self._run(Coll.reduce, address(send), address(out) if out is not None else 0, n, dt,
                          op=code, root=root, algo=algo, timeout=timeout, async_op=async_op, result=result,
@@ -315,7 +288,7 @@ class Communicator:
             return out
         send = as_array(sendbuf, "allgather: sendbuf")
         dt, n = typed_count(send, dtype, "allgather: sendbuf")
-        out = self._out(recvbuf, send, dtype, n * self.size, "allgather", shape=(self.size,) + send.shape)
+        out = out_buffer(recvbuf, send, dtype, n * self.size, "allgather", shape=(self.size,) + send.shape)
         if recvbuf is None and dtype is not None:
             out = out.reshape(self.size, n)
         return self._run(Coll.allgather, address(send), address(out), n, dt, algo=algo, timeout=timeout,
@@ -337,7 +310,7 @@ class Communicator:
             raise InvalidArgumentError(
                 f"reduce_scatter: sendbuf has {total} elements, not a multiple of {self.size} ranks")
         n = total // self.size
-        out = self._out(recvbuf, send, dtype, n, "reduce_scatter")
+        out = out_buffer(recvbuf, send, dtype, n, "reduce_scatter")
         return self._run(Coll.reduce_scatter, address(send), address(out), n, dt, op=code, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
                          keep=(sendbuf, recvbuf, send, out))
@@ -354,7 +327,7 @@ class Communicator:
         if total % self.size:
             raise InvalidArgumentError(
                 f"alltoall: sendbuf has {total} elements, not a multiple of {self.size} ranks")
-        out = self._out(recvbuf, send, dtype, total, "alltoall", shape=send.shape)
+        out = out_buffer(recvbuf, send, dtype, total, "alltoall", shape=send.shape)
         return self._run(Coll.alltoall, address(send), address(out), total // self.size, dt, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
                          keep=(sendbuf, recvbuf, send, out))
@@ -397,7 +370,7 @@ class Communicator:
         out = None
         if self.rank == root:
             with self._root_only(Coll.gather):
-                out = self._out(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
+                out = out_buffer(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
             if recvbuf is None and dtype is not None:
                 out = out.reshape(self.size, n)
         result = (out if recvbuf is None else recvbuf) if out is not None else None
@@ -519,10 +492,6 @@ class Communicator:
         return Communicator(0, 0, _impl=self._c.grow(new_size, uid))
 
     # -- coalesced collectives (harp/coalesce.py) ------------------------------
-    _coalesced = None  # the unfinished CoalescedWork (the fusion buffer is its until then)
-    _fusion = None     # [half 0, half 1] of the fusion buffer (uint8 arrays), grown on demand
-    _fusion_half_bytes = None
-
     def allreduce_coalesced(self, tensors, op="sum", *, async_op=False, timeout=None):
         """Allreduce every array of `tensors` in place, small ones fused into few collectives
         (HARP_FUSION_BYTES staging, one group per dtype); returns the list, or a CoalescedWork
@@ -530,21 +499,6 @@ class Communicator:
         ranks raise MismatchError on every rank. See harp.coalesce."""
         from . import coalesce
         return coalesce.allreduce_coalesced(self, tensors, op, async_op=async_op, timeout=timeout)
-
-    _fusion_alone_bytes = None
-
-    def _fusion_half(self):
-        """(half of HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES), read on first use."""
-        if self._fusion_half_bytes is None:
-            from .coalesce import fusion_bytes
-            self._fusion_half_bytes = fusion_bytes() // 2
-            self._fusion_alone_bytes = fusion_bytes("HARP_FUSION_ALONE_BYTES")
-        return self._fusion_half_bytes, self._fusion_alone_bytes
-
-    def _fusion_buffers(self) -> list:
-        if self._fusion is None:
-            self._fusion = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
-        return self._fusion
 
 
 class UniqueId:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _harp
-from ._buffers import address, as_array
+from ._buffers import address, as_array, out_buffer
 from ._types import Coll, DataType, ReduceOp, parse_op, typed_count
 from ._work import Work, _seconds
 from .errors import InvalidArgumentError
@@ -78,18 +78,18 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", *, compress="none", key=Non
     code = parse_op(op)
     send = as_array(sendbuf, "allreduce: sendbuf", writable=recvbuf is None)
     dt, n = typed_count(send, dtype, "allreduce: sendbuf")
-    out = send if recvbuf is None else comm._out(recvbuf, send, dtype, n, "allreduce")
+    out = send if recvbuf is None else out_buffer(recvbuf, send, dtype, n, "allreduce")
     result = recvbuf if recvbuf is not None else sendbuf
     if key is not None and not isinstance(key, str):
         raise InvalidArgumentError(f"allreduce: key must be a str, got {type(key).__name__}")
     secs = _seconds(timeout)
-    if comm._pending:
-        comm._drain()
-    w = _harp.compress_submit(comm._c, address(send), address(out), int(n), int(dt), int(code), str(compress),
+    calls = comm.calls
+    calls.settle()
+    w = _harp.compress_submit(calls.core, address(send), address(out), int(n), int(dt), int(code), str(compress),
                               key or "", algo or "", secs, bool(async_op))
     keep = (sendbuf, recvbuf, send, out)
     if async_op:
-        comm._hold(w, keep)
+        calls.hold(w, keep)
         return Work(w, result, keep)
     return result
 

@@ -142,7 +142,7 @@ def shrink_torch_group(group=None, min_workers: int = 1, err=None):
     pg = dist.group.WORLD if group is None else group
     if not isinstance(pg, ProcessGroupHarp):
         raise InvalidArgumentError(f"harp.elastic.shrink_torch_group: {pg!r} is not a 'harp' process group")
-    comm = pg._coll
+    comm = pg.communicator
     comm.revoke()
     _, failed = comm.agree(True)
     left = pg.size() - len(failed)

@@ -82,11 +82,12 @@ TEST(Params, BadValuesNameTheVariable) {
 }
 
 TEST(Params, UndeclaredOrMistypedReadsFailLoudly) {
-  // A misspelt name: every reader refuses it, naming it.
+  // A misspelt name known only at run time (env::dynamic; with a literal,
+  // env::str etc. do not compile: tests/test_params.py): every reader refuses it, naming it.
   for (auto read : std::initializer_list<std::function<void()>>{
-           [] { env::str("HARP_TRANSPRT"); }, [] { env::has("HARP_TRANSPRT"); }, [] { env::raw("HARP_TRANSPRT"); },
-           [] { env::integer("HARP_TRANSPRT"); }, [] { env::bytes("HARP_TRANSPRT"); },
-           [] { env::integerOr("HARP_TRANSPRT", 1); }}) {
+           [] { env::dynamic::str("HARP_TRANSPRT"); }, [] { env::dynamic::has("HARP_TRANSPRT"); },
+           [] { env::dynamic::raw("HARP_TRANSPRT"); }, [] { env::dynamic::integer("HARP_TRANSPRT"); },
+           [] { env::dynamic::bytes("HARP_TRANSPRT"); }, [] { env::dynamic::integerOr("HARP_TRANSPRT", 1); }}) {
     try {
       read();
       ADD_FAILURE() << "an undeclared name was read";
@@ -96,10 +97,11 @@ TEST(Params, UndeclaredOrMistypedReadsFailLoudly) {
     }
   }
   // Declared, read as another type; an "auto" default read without one; a fixed default given twice.
-  EXPECT_EQ(kindOf([] { env::integer("HARP_SEGMENT_BYTES"); }), Error::kInternal);
-  EXPECT_EQ(kindOf([] { env::bytes("HARP_TIMEOUT"); }), Error::kInternal);
-  withEnv("HARP_SHM_SLOTS", nullptr, [] { EXPECT_EQ(kindOf([] { env::integer("HARP_SHM_SLOTS"); }), Error::kInternal); });
-  EXPECT_EQ(kindOf([] { env::integerOr("HARP_SPIN", 3); }), Error::kInternal);
+  EXPECT_EQ(kindOf([] { env::dynamic::integer("HARP_SEGMENT_BYTES"); }), Error::kInternal);
+  EXPECT_EQ(kindOf([] { env::dynamic::bytes("HARP_TIMEOUT"); }), Error::kInternal);
+  withEnv("HARP_SHM_SLOTS", nullptr,
+          [] { EXPECT_EQ(kindOf([] { env::dynamic::integer("HARP_SHM_SLOTS"); }), Error::kInternal); });
+  EXPECT_EQ(kindOf([] { env::dynamic::integerOr("HARP_SPIN", 3); }), Error::kInternal);
   // Text access works for every declared type.
   withEnv("HARP_SPIN", nullptr, [] { EXPECT_EQ(env::str("HARP_SPIN"), "64"); });
 }
@@ -119,11 +121,11 @@ TEST(Params, RegistryIsWellFormed) {
     if (*p->def && std::string(p->def) != "auto") {
       withEnv(p->name, nullptr, [&] {
         switch (p->type) {
-          case params::Type::kInt: env::integer(p->name); break;
-          case params::Type::kReal: env::real(p->name); break;
-          case params::Type::kSeconds: env::timeout(p->name); break;
-          case params::Type::kBytes: env::bytes(p->name); break;
-          case params::Type::kBool: env::flag(p->name); break;
+          case params::Type::kInt: env::dynamic::integer(p->name); break;
+          case params::Type::kReal: env::dynamic::real(p->name); break;
+          case params::Type::kSeconds: env::dynamic::timeout(p->name); break;
+          case params::Type::kBytes: env::dynamic::bytes(p->name); break;
+          case params::Type::kBool: env::dynamic::flag(p->name); break;
           default: break;
         }
       });

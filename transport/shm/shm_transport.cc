@@ -548,7 +548,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
   const long spin_ns = spin_ns_, yield_ns = yield_ns_;
   SegHeader* h = seg_.header();
   const auto t0 = Clock::now();
-  stall::Watch watch(info_.comm_id, info_.rank, timeout_s);  // issue 19
+  stall::Watch watch(info_.comm_id, info_.rank, timeout_s);
   const int burst = std::min(16, inline_polls_);
   for (unsigned it = 1;; ++it) {
     for (int i = 0; i < burst; ++i) {
@@ -570,7 +570,7 @@ void ShmTransport::waitFor(const std::function<bool()>& cond, double timeout_s, 
     // rank must then see the condition too and report the same error itself.
     if (cond() || failIfBroken()) return;
     if (dl.passed()) throw Error(Error::kTimeout, timeout_msg());
-    // Stall warning (issue 19, base/stall.h): nothing before kMinStallS.
+    // Stall warning (base/stall.h): nothing before kMinStallS.
     watch.tick(ns * 1e-9, [&] {
       std::string m = timeout_msg();
       size_t at = m.find("waiting for rank(s) ");

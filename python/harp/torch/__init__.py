@@ -58,7 +58,7 @@ def _other_backends(store, rank, size, timeout, group_name, ranks):
             if not dist.is_nccl_available():
                 raise RuntimeError(f"backend spec gives {device} to nccl, but this torch has no NCCL")
             o = dist.ProcessGroupNCCL.Options()
-            o._timeout = timeout
+            o._timeout = timeout  # private-ok: torch's own ProcessGroupNCCL.Options field
             o.global_ranks_in_group = ranks
             o.group_name = group_name
             b = dist.ProcessGroupNCCL(pstore, rank, size, o)

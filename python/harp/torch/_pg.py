@@ -50,7 +50,7 @@ from ._work import Completer, HarpWork, backend_error, completed_work
 
 # torch's timeout rule, kept here: None or negative (c10d's kUnsetTimeout, -1 ms, the default of
 # every *Options.timeout) means "unset": the group's timeout; 0 means zero, as in gloo: the call
-# fails unless it can finish without waiting. HARP's own API refuses 0 (harp.comm._seconds) and
+# fails unless it can finish without waiting. HARP's own API refuses 0 (harp._work._seconds) and
 # its core reads <= 0 as "the communicator's", so zero reaches the core as _ZERO_S.
 _ZERO_S = 1e-6
 
@@ -141,6 +141,11 @@ class ProcessGroupHarp(dist.ProcessGroup):
         self._other = dict(other_backends or {})
 
     # -- identity ------------------------------------------------------------------------------------------
+    @property
+    def communicator(self):
+        """The harp.Communicator that runs this group's collectives (harp.torch.hooks, harp.elastic)."""
+        return self._coll
+
     def getBackendName(self):
         return "harp"
 
@@ -183,8 +188,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
         sc, sd, rc, rd = v if v is not None else ([], [], [], [])
         # Blocking torch calls run inline on this thread (no hand-off to HARP's worker when it is idle).
         inline = getattr(_tls, "inline", False)
-        return comm._c.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer),
-                              int(tag), "", float(timeout), not inline, sc, sd, rc, rd)
+        return comm.calls.core.submit(int(coll), send, recv, int(count), int(dt), int(op), int(root), int(peer),
+                                      int(tag), "", float(timeout), not inline, sc, sd, rc, rd)
 
     def _issue(self, opname, fn, opts, result, staged=(), post=None, comm=None):
         """Run fn() -> list of HARP handles; wrap them in a HarpWork (finished now when not async)."""
@@ -330,8 +335,9 @@ class ProcessGroupHarp(dist.ProcessGroup):
                                              timeout=timeout) for s in g]
                     continue
                 ptrs = [s.ptr for s in g]
-                handles.append(self._coll._c.submit_coalesced(ptrs, ptrs, [s.count for s in g], int(dt), int(op), "",
-                                                              float(timeout), async_op))
+                core = self._coll.calls.core
+                handles.append(core.submit_coalesced(ptrs, ptrs, [s.count for s in g], int(dt), int(op), "",
+                                                     float(timeout), async_op))
             return handles
         return self._issue("allreduce_coalesced", run, opts, tensors, staged)
 
@@ -750,7 +756,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
         w = self._issue(f"recv from rank {src}",
                         lambda: [self._submit(lane, Coll.recv, 0, s.ptr, s.count, s.dt, peer=src, tag=tag)],
                         _ASYNC, result, [s], comm=lane)
-        w._source = src
+        w.set_source(src)
         return w
 
     def recv_anysource(self, tensors, tag=0):
@@ -785,14 +791,14 @@ class ProcessGroupHarp(dist.ProcessGroup):
                 src = find_source()
                 inner = self._recv_from(t, src, tag, tensors)
                 inner.wait()
-                outer._source = src
-                outer._finish()
+                outer.set_source(src)
+                outer.finish()
             except Exception as e:  # noqa: BLE001
-                outer._finish(e)
+                outer.finish(e)
 
         th = threading.Thread(target=run, name="harp-anysource", daemon=True)
         state["thread"] = th
-        outer._waiters = [lambda: th.join()]
+        outer.add_waiter(th.join)
         th.start()
         return outer
 
@@ -800,7 +806,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
     def _join(self, opname, works, opts, result):
         w = HarpWork(opname, self._desc, result=result, waiters=[lambda: [x.wait() for x in works]])
         if getattr(opts, "asyncOp", True):
-            th = threading.Thread(target=w._run_to_completion, daemon=True)
+            th = threading.Thread(target=w.run_to_completion, daemon=True)
             th.start()
         else:
             w.wait()

@@ -53,11 +53,21 @@ class HarpWork(dist.Work):
         self._waiters = waiters    # extra callables that block until their part is done (anysource thread)
         self._result = [] if result is None else result
         self._fut = None  # created on demand (blocking calls rarely ask for it): _src.then(_unwrap)
-        self._src = None  # the future _finish completes, always with a value
+        self._src = None  # the future finish completes, always with a value
         self._lock = threading.Lock()
         self._done = False
         self._exc = None
         self._source = -1
+
+    # -- what the backend (harp.torch._pg) sets while the work runs ----------------------------------------
+    def set_source(self, rank: int) -> None:
+        """The rank a receive got its message from (source_rank())."""
+        self._source = rank
+
+    def add_waiter(self, fn) -> None:
+        """A callable that blocks until a part of this work that is not a HARP handle is done
+        (the recv-from-any-source thread); wait() calls it first."""
+        self._waiters = (self._waiters or []) + [fn]
 
     # -- completion ----------------------------------------------------------------------------------------
     def _block(self, timeout=None):
@@ -70,7 +80,7 @@ class HarpWork(dist.Work):
                 return False
         return True
 
-    def _finish(self, exc=None):
+    def finish(self, exc=None):
         """Copy back, run the post step, complete the future. Once."""
         with self._lock:
             if self._done:
@@ -105,16 +115,16 @@ class HarpWork(dist.Work):
             raise self._exc
         return src.value()
 
-    def _run_to_completion(self):
+    def run_to_completion(self):
         try:
             self._block()
         except HarpError as e:
-            self._finish(backend_error(self._op, self._pg_desc, e))
+            self.finish(backend_error(self._op, self._pg_desc, e))
             return
         except Exception as e:  # noqa: BLE001
-            self._finish(e)
+            self.finish(e)
             return
-        self._finish()
+        self.finish()
 
     # -- torch.distributed.Work API ------------------------------------------------------------------------
     def wait(self, timeout=None):
@@ -127,12 +137,12 @@ class HarpWork(dist.Work):
             try:
                 ok = self._block(secs)
             except HarpError as e:
-                self._finish(backend_error(self._op, self._pg_desc, e))
+                self.finish(backend_error(self._op, self._pg_desc, e))
                 ok = True
             if not ok:
                 raise dist.DistBackendError(f"harp {self._op} on {self._pg_desc}: Timed out waiting "
                                             f"{int(secs * 1000)}ms: not finished after {secs} s (the work goes on)")
-            self._finish()
+            self.finish()
         if self._exc is not None:
             raise self._exc
         return True
@@ -155,7 +165,7 @@ class HarpWork(dist.Work):
             src = self._src = Future()
             self._fut = src.then(self._unwrap)
             done = self._done
-        if done:  # _finish ran without a future: complete this one now (callbacks run here)
+        if done:  # finish ran without a future: complete this one now (callbacks run here)
             self._complete(src)
         return self._fut
 
@@ -178,7 +188,7 @@ class HarpWork(dist.Work):
 
 def completed_work(op, pg_desc, result):
     w = HarpWork(op, pg_desc, result=result)
-    w._finish()
+    w.finish()
     return w
 
 
@@ -220,7 +230,7 @@ class Completer:
                 if not self._q:
                     return
                 w = self._q.popleft()
-            w._run_to_completion()
+            w.run_to_completion()
 
     def stop(self):
         with self._cv:

@@ -34,14 +34,14 @@ def _harp_communicator(pg):
     from ._pg import ProcessGroupHarp
     pg = pg or dist.group.WORLD
     if isinstance(pg, ProcessGroupHarp):
-        return pg._coll
+        return pg.communicator
     try:
         b = pg._get_backend(torch.device("cpu"))
     except Exception as e:  # noqa: BLE001 - explained below
         raise RuntimeError(f"harp.torch.hooks: the process group has no CPU backend ({e})") from None
     if not isinstance(b, ProcessGroupHarp):
         raise RuntimeError(f"harp.torch.hooks: the process group's backend is {type(b).__name__}, not harp")
-    return b._coll
+    return b.communicator
 
 
 class HookState:

@@ -141,3 +141,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if optimizer.state:
         opt.load_state_dict(optimizer.state_dict())
     return opt
+
+
+def reset_pending(optimizer) -> None:
+    """Forget the allreduces a failed step left on `optimizer` (a hvd.DistributedOptimizer; any other
+    optimizer has none): hvd.elastic's restore calls this before it loads the saved state."""
+    reset = getattr(optimizer, "_reset", None)
+    if reset is not None:
+        reset()

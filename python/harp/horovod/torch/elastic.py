@@ -45,6 +45,7 @@ from harp import _statewire
 
 from . import _join
 from ._api import _comm, _state, broadcast_parameters, rank
+from ._optimizer import reset_pending
 
 __all__ = ["State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "run"]
 
@@ -135,8 +136,7 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self):
-        if hasattr(self.optimizer, "_reset"):  # hvd.DistributedOptimizer: drop the failed step's allreduces
-            self.optimizer._reset()
+        reset_pending(self.optimizer)  # hvd.DistributedOptimizer: drop the failed step's allreduces
         if self.model is not None and self._model_saved is not None:
             self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None and self._opt_saved is not None:
