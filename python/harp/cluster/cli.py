@@ -1,6 +1,9 @@
 """harp-cluster: command line of the VPC arena (see harp.cluster).
 
     harp-cluster up --hosts 4 [--rate 1gbit] [--mtu 1500] [--nics 1|2] [--flow-cap RATE] [--congestion bbr]
+                    [--delay 100us] [--jitter 20us] [--loss 0.1%] [--host-rate 2=500mbit] [--host-delay 3=1ms]
+                    [--zones 2 --zone-delay 1ms]
+    harp-cluster probe [--from 0 --to 1] [--stream 2] [--udp 20000]   (RTT, rate, loss as delivered)
     harp-cluster run --hosts 4 --ppn 1 [--launcher harp|torchrun|mpirun|slurm] [--timeout S] -- CMD ...
     harp-cluster status [--json]
     harp-cluster down [--all]
@@ -9,6 +12,16 @@
 `run` uses the cluster `--name` (default "arena") when it is up; otherwise it
 brings up an ephemeral one with the `up` options given and takes it down when
 the job ends (also on Ctrl-C, errors, and SIGKILL through a detached reaper).
+
+Mechanisms: rates are kernel tbf (or htb with --flow-cap) on both ends of each host's veth.
+Round-trip time, jitter, loss and zones are harp-delayline, a user-space switch that holds each
+frame until its due time (this machine's kernel has no netem): --delay is the one-way delay
+between two hosts (ping shows twice it), --jitter draws each frame's delay in +-jitter without
+reordering a pair's frames, --loss drops that share of frames (wire packets: segmentation
+offload is turned off on the hosts with --loss), --host-delay adds a host's own delay to each
+frame to or from it, --zones splits the hosts into consecutive groups and --zone-delay adds to
+frames between groups. `up` measures the RTT between hosts 0 and 1, corrects the line for its
+own cost, and `status` shows asked and delivered RTT; `probe` measures any pair.
 """
 from __future__ import annotations
 
@@ -34,6 +47,13 @@ def _up_opts(ap, hosts_required):
                                        "hashing of the ports into 16 htb classes at this rate under the link "
                                        "rate; flows with equal (sport^dport)&15 share a class (net.py)")
     ap.add_argument("--congestion", choices=["bbr", "cubic", "reno"], help="TCP congestion control in every host")
+    ap.add_argument("--delay", help="one-way delay between two hosts, e.g. 50us, 0.5ms (RTT: twice it); harp-delayline")
+    ap.add_argument("--jitter", help="each frame's delay drawn in +-JITTER (no reordering within a host pair)")
+    ap.add_argument("--loss", help="share of frames dropped, e.g. 0.1%%")
+    ap.add_argument("--host-rate", action="append", metavar="H=RATE", help="host H's uplink rate (a slow host)")
+    ap.add_argument("--host-delay", action="append", metavar="H=TIME", help="extra delay on frames to and from host H")
+    ap.add_argument("--zones", type=int, default=1, help="split the hosts into this many consecutive zones")
+    ap.add_argument("--zone-delay", help="extra one-way delay between hosts of different zones")
 
 
 def parser():
@@ -63,6 +83,11 @@ def parser():
     t.add_argument("--sport", type=int, required=True, help="the flow's source port (on --host)")
     t.add_argument("--dport", type=int, required=True)
     t.add_argument("--rate", required=True)
+    pr = sub.add_parser("probe", parents=[common], help="measure RTT (TCP ping-pong), rate and loss between two hosts")
+    pr.add_argument("--from", dest="src", type=int, default=0)
+    pr.add_argument("--to", dest="dst", type=int, default=1)
+    pr.add_argument("--stream", type=float, default=2.0, help="seconds of one TCP stream (0: none)")
+    pr.add_argument("--udp", type=int, default=0, help="datagrams sent for a loss count (0: none)")
     rp = sub.add_parser("_reap", parents=[common])
     rp.add_argument("--pid", type=int, required=True)
     rp.add_argument("--job", required=True)
@@ -72,6 +97,10 @@ def parser():
 
 def _status(st):
     out = {k: st[k] for k in ("name", "hosts", "rate", "mtu", "nics", "flow_cap", "congestion", "state")}
+    for k in ("delay_ns", "jitter_ns", "loss_ppm", "zones", "zone_delay_ns", "host_delay", "host_rate",
+              "delay_line", "delay_line_ns", "rtt_asked_us", "rtt_measured_us"):
+        if k in st:
+            out[k] = st[k]
     out["hosts_detail"] = []
     for i in range(st["hosts"]):
         ns = topo.host_ns(st["name"], i)
@@ -102,6 +131,12 @@ def cmd_status(a):
         print(f"cluster {c['name']}: {c['hosts']} hosts, {c['rate']} uplinks, mtu {c['mtu']}, {c['nics']} nic(s)"
               f"{', flow cap ' + c['flow_cap'] if c['flow_cap'] else ''}"
               f"{', ' + c['congestion'] if c['congestion'] else ''} [{c['state']}]")
+        if c.get("delay_line"):
+            m = c.get("rtt_measured_us") or {}
+            print(f"  delay line: one-way {c['delay_ns'] / 1e3:g} us (line set to {c.get('delay_line_ns', 0) / 1e3:g} us), "
+                  f"jitter {c['jitter_ns'] / 1e3:g} us, loss {c['loss_ppm'] / 1e4:g}%, zones {c['zones']} "
+                  f"(+{c['zone_delay_ns'] / 1e3:g} us); RTT 0<->1 asked {c.get('rtt_asked_us', 0):.0f} us, "
+                  f"measured median {m.get('median', 0):.0f} us")
         for h in c["hosts_detail"]:
             print(f"  host {h['host']} {h['hostname']:<14} {' '.join(h['addrs']):<16} "
                   f"{len(h['processes'])} process(es)")
@@ -124,6 +159,11 @@ def cmd_down(a):
     return rc
 
 
+def _up(a):
+    return net.up(a.name, a.hosts, a.rate, a.mtu, a.nics, a.flow_cap, a.congestion, delay=a.delay, jitter=a.jitter,
+                  loss=a.loss, host_delay=a.host_delay, host_rate=a.host_rate, zones=a.zones, zone_delay=a.zone_delay)
+
+
 def cmd_run(a):
     cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
     if not cmd:
@@ -132,7 +172,7 @@ def cmd_run(a):
     st = topo.load(a.name)
     ephemeral = st is None
     if ephemeral:
-        st = net.up(a.name, a.hosts, a.rate, a.mtu, a.nics, a.flow_cap, a.congestion)
+        st = _up(a)
         st["owner_pid"] = os.getpid()
         topo.save(st)
     try:
@@ -147,7 +187,7 @@ def main(argv=None):
     _params.warn_unknown()  # misspelt HARP_* variables, once (base/params.def)
     if a.verb != "_reap":
         topo.check_name(a.name)
-    if a.verb in ("up", "run", "down", "throttle") and os.geteuid() != 0:
+    if a.verb in ("up", "run", "down", "throttle", "probe") and os.geteuid() != 0:
         print("harp-cluster: needs root (network, UTS and mount namespaces)", file=sys.stderr)
         sys.exit(1)
     if a.verb in ("up", "run"):
@@ -155,7 +195,7 @@ def main(argv=None):
             signal.signal(sig, runner._raise_interrupt)
     try:
         if a.verb == "up":
-            st = net.up(a.name, a.hosts, a.rate, a.mtu, a.nics, a.flow_cap, a.congestion)
+            st = _up(a)
             print(f"cluster {st['name']} up: {st['hosts']} hosts at {topo.subnet(st['slot'])}, {st['rate']} uplinks")
             rc = 0
         elif a.verb == "run":
@@ -164,6 +204,12 @@ def main(argv=None):
             rc = cmd_status(a)
         elif a.verb == "down":
             rc = cmd_down(a)
+        elif a.verb == "probe":
+            st = topo.load(a.name)
+            if not st:
+                raise RuntimeError(f"no cluster '{a.name}' is up")
+            print(json.dumps(net.probe(st, a.src, a.dst, stream=a.stream, udp=a.udp)))
+            rc = 0
         elif a.verb == "throttle":
             st = topo.load(a.name)
             if not st:

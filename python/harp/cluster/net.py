@@ -10,6 +10,16 @@ shaping egress on both veth ends (tbf; on the host side htb with per-TCP-flow
 classes when --flow-cap is asked, see flow_cap_commands),
 since this kernel has no ifb. `up` saves the state file before it creates
 anything, so an interrupted `up` (Ctrl-C, error, kill) is undone by `down`.
+
+Round-trip time, jitter, loss, slow hosts and zones (--delay, --jitter, --loss, --host-delay,
+--zones/--zone-delay): this kernel has no netem, so the switch is then not a bridge but
+harp-delayline (delayline.c), a user-space switch in the switch namespace that holds each frame
+until its due time; tbf still shapes the rate on the veths. --delay is the one-way delay
+between two hosts (ping shows twice it). The path through the delay line costs some tens of
+microseconds by itself: `up` measures the RTT between hosts 0 and 1 (probe.py), takes half the
+excess off the line's delay, and records asked and delivered RTT in the state
+(harp-cluster status shows them). Where the kernel has netem, it is not used either: one
+mechanism, measured, everywhere.
 Blocking: every command here has a timeout (CMD_TIMEOUT seconds).
 """
 from __future__ import annotations
@@ -26,6 +36,43 @@ from . import topology as topo
 
 CMD_TIMEOUT = 30
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$")
+_TIME_RE = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|ms|s)$")
+_LOSS_RE = re.compile(r"^(\d+(?:\.\d+)?)%$")
+PROBE_PORT = 5299
+
+
+def parse_time(v, what="--delay"):
+    """'100us', '1ms', '0.5ms' -> nanoseconds (0 .. 10 s)."""
+    m = _TIME_RE.match(str(v).strip().lower())
+    if not m:
+        raise ValueError(f"{what} {v!r}: write a time with its unit, e.g. 100us, 1ms, 0.5ms")
+    ns = float(m.group(1)) * {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[m.group(2)]
+    if ns > 10e9:
+        raise ValueError(f"{what} {v!r}: at most 10s")
+    return int(round(ns))
+
+
+def parse_loss(v):
+    """'0.1%' -> parts per million."""
+    m = _LOSS_RE.match(str(v).strip())
+    if not m or float(m.group(1)) > 100:
+        raise ValueError(f"--loss {v!r}: a percentage of frames, e.g. 0.1%")
+    return int(round(float(m.group(1)) * 1e4))
+
+
+def parse_host_map(specs, hosts, parse, what):
+    """['2=500mbit', '3=1ms'] (or 'a=b,c=d') -> {host index: parse(value)}."""
+    out = {}
+    for spec in specs or []:
+        for item in str(spec).split(","):
+            if not item:
+                continue
+            k, sep, v = item.partition("=")
+            if not sep or not k.strip().isdigit() or not 0 <= int(k) < hosts:
+                raise ValueError(f"{what} {item!r}: HOST=VALUE with HOST in 0..{hosts - 1}")
+            parse(v)  # refuse a bad value now
+            out[int(k)] = v.strip()
+    return out
 
 
 def parse_rate(rate):
@@ -128,15 +175,159 @@ def _link_host(st, i, nic):
     sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer, "netns", sw)
     for d, n in ((dev, ns), (peer, sw)):
         sh("ip", "-n", n, "link", "set", d, "mtu", st["mtu"])
-    sh("ip", "-n", sw, "link", "set", peer, "master", f"br{nic}")
+    if not st.get("delay_line"):
+        sh("ip", "-n", sw, "link", "set", peer, "master", f"br{nic}")
+    if st.get("loss_ppm"):  # one wire packet per frame, so that loss is per packet (delayline.c)
+        sh("ip", "-n", ns, "link", "set", dev, "gso_max_segs", 1)
     sh("ip", "-n", ns, "addr", "add", topo.address(st["slot"], i, nic) + "/24", "dev", dev)
     sh("ip", "-n", sw, "link", "set", peer, "up")
     sh("ip", "-n", ns, "link", "set", dev, "up")
+    rate = host_rate(st, i)
     if st["flow_cap"]:
-        _flow_capped(dev, st, ns)
+        _flow_capped(dev, dict(st, rate=rate), ns)
     else:
-        _tbf(dev, st["rate"], ns)
-    _tbf(peer, st["rate"], sw)
+        _tbf(dev, rate, ns)
+    _tbf(peer, rate, sw)
+
+
+def host_rate(st, i):
+    """Host i's uplink rate: --host-rate i=R, else --rate."""
+    return (st.get("host_rate") or {}).get(str(i), st["rate"])
+
+
+def zone_of(st, i):
+    """Hosts split into --zones consecutive groups (host i in zone i * zones // hosts)."""
+    return i * st.get("zones", 1) // st["hosts"]
+
+
+def expected_rtt_ns(st, a, b):
+    """The round trip asked between hosts a and b: twice the one-way delay of the path."""
+    if not st.get("delay_line"):
+        return 0
+    hd = st.get("host_delay") or {}
+    one = st["delay_ns"] + parse_time(hd.get(str(a), "0ns")) + parse_time(hd.get(str(b), "0ns"))
+    if zone_of(st, a) != zone_of(st, b):
+        one += st.get("zone_delay_ns", 0)
+    return 2 * one
+
+
+def delayline_binary():
+    """harp-delayline: installed beside libharp.so (the build's target), else compiled from
+    delayline.c into the state folder (root's, 0755) when the source is newer."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(os.path.dirname(here), "harp-delayline"),):
+        # installed (wheel) or copied by scripts/dev-build.sh; a source edited since is rebuilt below
+        if os.access(cand, os.X_OK) and os.path.getmtime(cand) + 2 >= os.path.getmtime(os.path.join(here, "delayline.c")):
+            return cand
+    src = os.path.join(here, "delayline.c")
+    os.makedirs(topo.STATE_DIR, mode=0o755, exist_ok=True)
+    out = os.path.join(topo.STATE_DIR, "harp-delayline")
+    if not (os.access(out, os.X_OK) and os.path.getmtime(out) >= os.path.getmtime(src)):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise RuntimeError("harp-cluster: --delay/--jitter/--loss need harp-delayline (built with HARP) "
+                               "or a C compiler to build python/harp/cluster/delayline.c")
+        tmp = out + f".{os.getpid()}"
+        r = subprocess.run([cc, "-O2", "-o", tmp, src], capture_output=True, text=True, timeout=120)
+        if r.returncode:
+            raise RuntimeError(f"harp-cluster: building harp-delayline failed: {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    return out
+
+
+def _mac(ns, dev):
+    out = sh("ip", "-n", ns, "-o", "link", "show", dev).stdout
+    m = re.search(r"link/ether ([0-9a-f:]{17})", out)
+    if not m:
+        raise RuntimeError(f"harp-cluster: no MAC address on {dev} in {ns}")
+    return m.group(1)
+
+
+def start_delay_lines(st, delay_ns):
+    """One harp-delayline per NIC in the switch namespace, with `delay_ns` as its base delay."""
+    sw, exe, pids = topo.switch_ns(st["name"]), delayline_binary(), []
+    hd = st.get("host_delay") or {}
+    for j in range(st["nics"]):
+        argv = ["ip", "netns", "exec", sw, exe, "--delay", str(delay_ns), "--jitter", str(st.get("jitter_ns", 0)),
+                "--loss", str(st.get("loss_ppm", 0)), "--zone-delay", str(st.get("zone_delay_ns", 0)),
+                "--seed", str(st["slot"] * 16 + j + 1),
+                "--stats", os.path.join(topo.STATE_DIR, f"{st['name']}.delayline{j}.json")]
+        for i in range(st["hosts"]):
+            extra = parse_time(hd.get(str(i), "0ns"))
+            argv += ["--port", f"h{i}n{j},{_mac(topo.host_ns(st['name'], i), f'eth{j}')},{zone_of(st, i)},{extra}"]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        line = p.stdout.readline()
+        if not line.startswith("READY"):
+            p.kill()
+            raise RuntimeError(f"harp-cluster: harp-delayline for NIC {j} did not start: {p.stderr.read().strip()}")
+        p.stdout.close()
+        p.stderr.close()
+        pids.append(p.pid)
+    st["delay_line_pids"] = pids
+    st["delay_line_ns"] = delay_ns
+
+
+def stop_delay_lines(st):
+    pids = st.get("delay_line_pids") or []
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.02)
+    _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+    st["delay_line_pids"] = []
+
+
+def probe(st, a=0, b=1, stream=0.0, udp=0, rounds=300, nic=0):
+    """What the link between hosts a and b delivers (probe.py): {'rtt_us': {...}, ...}."""
+    import json
+    srv_ns, cli_ns = topo.host_ns(st["name"], b), topo.host_ns(st["name"], a)
+    addr = topo.address(st["slot"], b, nic)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    srv = subprocess.Popen(["ip", "netns", "exec", srv_ns, sys.executable, "-m", "harp.cluster.probe", "server", addr,
+                            str(PROBE_PORT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        if not srv.stdout.readline().startswith("READY"):
+            raise RuntimeError(f"harp-cluster probe: server did not start: {srv.stderr.read().strip()}")
+        r = subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp.cluster.probe", "client", addr,
+                            str(PROBE_PORT), "--rounds", str(rounds), "--stream", str(stream), "--udp", str(udp)],
+                           capture_output=True, text=True, env=env, timeout=CMD_TIMEOUT + stream + udp / 5000)
+        if r.returncode:
+            raise RuntimeError(f"harp-cluster probe failed: {r.stderr.strip()[-2000:]}")
+        subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp.cluster.probe", "stop", addr,
+                        str(PROBE_PORT)], capture_output=True, env=env, timeout=CMD_TIMEOUT)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        try:
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+
+
+def calibrate_delay_lines(st, passes=3, within=0.05):
+    """Take the delay line's own cost off its delay: measure the RTT between hosts 0 and 1 and
+    start the lines again with half the error taken off (or added to) the one-way delay, kept
+    in [0, asked]; up to `passes` times, until the median is within `within` of the asked RTT."""
+    if st["hosts"] < 2 or not st.get("delay_ns"):
+        return
+    want = expected_rtt_ns(st, 0, 1)
+    line = st["delay_ns"]
+
+    def measure():  # the median of three probes' medians: one probe can land on a bad schedule
+        runs = sorted((probe(st, rounds=200)["rtt_us"] for _ in range(3)), key=lambda r: r["median"])
+        return runs[1]
+
+    got = measure()
+    for _ in range(passes):
+        err = got["median"] * 1e3 - want
+        if abs(err) <= within * want:
+            break
+        line = int(min(st["delay_ns"], max(0, line - err / 2)))
+        stop_delay_lines(st)
+        start_delay_lines(st, line)
+        got = measure()
+    st["rtt_asked_us"] = want / 1e3
+    st["rtt_measured_us"] = got
 
 
 def hosts_file(st):
@@ -166,20 +357,33 @@ def start_holder(st, i, hosts_path):
     return int(line.split()[1])
 
 
-def up(name, hosts, rate="1gbit", mtu=1500, nics=1, flow_cap=None, congestion=None):
-    """Create cluster `name`; on any failure (or Ctrl-C) undo what was made, then re-raise."""
+def up(name, hosts, rate="1gbit", mtu=1500, nics=1, flow_cap=None, congestion=None, delay=None, jitter=None,
+       loss=None, host_delay=None, host_rate=None, zones=1, zone_delay=None):
+    """Create cluster `name`; on any failure (or Ctrl-C) undo what was made, then re-raise.
+    delay/jitter/zone_delay: times ('100us'); loss: '0.1%'; host_delay/host_rate: ['2=1ms', ...]."""
     topo.check_name(name)
     parse_rate(rate)
     if flow_cap:
         parse_rate(flow_cap)
     if not 1 <= hosts <= 250 or nics not in (1, 2) or not 576 <= mtu <= 9000:
         raise ValueError("harp-cluster up: --hosts 1..250, --nics 1|2, --mtu 576..9000")
+    if not 1 <= zones <= hosts:
+        raise ValueError(f"harp-cluster up: --zones {zones}: between 1 and --hosts ({hosts})")
+    if hosts > 64 and (delay or jitter or loss or host_delay or zone_delay):
+        raise ValueError("harp-cluster up: the delay line switches at most 64 hosts")
+    hd = parse_host_map(host_delay, hosts, lambda v: parse_time(v, "--host-delay"), "--host-delay")
+    hr = parse_host_map(host_rate, hosts, parse_rate, "--host-rate")
+    net = {"delay_ns": parse_time(delay) if delay else 0, "jitter_ns": parse_time(jitter, "--jitter") if jitter else 0,
+           "loss_ppm": parse_loss(loss) if loss else 0, "zones": zones,
+           "zone_delay_ns": parse_time(zone_delay, "--zone-delay") if zone_delay else 0,
+           "host_delay": {str(k): v for k, v in hd.items()}, "host_rate": {str(k): v for k, v in hr.items()}}
+    net["delay_line"] = bool(net["delay_ns"] or net["jitter_ns"] or net["loss_ppm"] or hd or net["zone_delay_ns"])
     with topo.locked():
         if topo.load(name):
             raise RuntimeError(f"harp-cluster: cluster '{name}' is already up (harp-cluster down --name {name})")
         st = {"name": name, "slot": topo.free_slot(), "hosts": hosts, "rate": rate, "mtu": mtu, "nics": nics,
               "flow_cap": flow_cap, "congestion": congestion, "holders": [], "state": "building",
-              "created": time.time(), "owner_pid": None}
+              "created": time.time(), "owner_pid": None, **net}
         topo.save(st)
     try:
         _build(st)
@@ -194,7 +398,7 @@ def up(name, hosts, rate="1gbit", mtu=1500, nics=1, flow_cap=None, congestion=No
 def _build(st):
     name, sw = st["name"], topo.switch_ns(st["name"])
     sh("ip", "netns", "add", sw)
-    for j in range(st["nics"]):
+    for j in range(st["nics"] if not st.get("delay_line") else 0):
         sh("ip", "-n", sw, "link", "add", f"br{j}", "type", "bridge")
         sh("ip", "-n", sw, "link", "set", f"br{j}", "mtu", st["mtu"], "up")
     for i in range(st["hosts"]):
@@ -205,6 +409,11 @@ def _build(st):
             _link_host(st, i, j)
         if st["congestion"]:
             sh("sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={st['congestion']}", ns=ns)
+    if st.get("delay_line"):
+        start_delay_lines(st, st["delay_ns"])
+        topo.save(st)
+        calibrate_delay_lines(st)
+        topo.save(st)
     path = hosts_file(st)
     for i in range(st["hosts"]):
         st["holders"].append(start_holder(st, i, path))
@@ -261,7 +470,7 @@ def down(st):
             r = sh("ip", "netns", "del", ns, check=False)
             if r.returncode:
                 problems.append(f"{ns}: {r.stderr.strip()}")
-    for suffix in (".hosts", ".mpi-agent"):
+    for suffix in (".hosts", ".mpi-agent") + tuple(f".delayline{j}.json" for j in range(st.get("nics", 1))):
         try:
             os.unlink(os.path.join(topo.STATE_DIR, st["name"] + suffix))
         except FileNotFoundError:
