@@ -17,12 +17,21 @@ link rate. Writes one JSON with a provenance stamp.
         --libs mpi,harp,harp@HARP_SPIN=256 --out bench/vpc/results/lat8.json
 
 compares settings of one library in the same run (LIB@VAR=V+VAR2=V2).
+
+    python3 bench/vpc/arena_bench.py --name rtt --hosts 4,8 --delay 500us --no-bw --repeat 3 \
+        --out bench/vpc/results/lat-rtt1ms.json
+
+puts round-trip time on the links (harp-cluster --delay, one way; harp-delayline) and reports,
+beside each library's 8 B time, the RTT-bound model of the algorithm HARP's tuner picks there
+(rounds x RTT, the issue's definition; a round of recursive doubling costs one one-way delay
+when both partners send at once, so rounds x RTT / 2 is also shown, the tighter bound).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,6 +110,9 @@ def main():
     ap.add_argument("--lat-iters", type=int, default=200)
     ap.add_argument("--bw-iters", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--delay", help="one-way delay between hosts (harp-cluster --delay), e.g. 50us, 500us")
+    ap.add_argument("--jitter")
+    ap.add_argument("--loss")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]
@@ -108,9 +120,11 @@ def main():
     st = topo.load(a.name)
     made = st is None
     if made:
-        st = net.up(a.name, max(hosts_list), rate=a.rate)
+        st = net.up(a.name, max(hosts_list), rate=a.rate, delay=a.delay, jitter=a.jitter, loss=a.loss)
     try:
-        record = {"stamp_before": stamp(), "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")},
+        record = {"stamp_before": stamp(), "cluster": {k: st.get(k) for k in (
+                      "hosts", "rate", "mtu", "congestion", "delay_ns", "jitter_ns", "loss_ppm", "delay_line_ns",
+                      "rtt_asked_us", "rtt_measured_us")},
                   "command": " ".join(sys.argv), "link_MBps": [linkrate.measure(st, 1, 0) for _ in range(3)]}
         link = statistics.median(record["link_MBps"])
         print(f"# link payload rate (single TCP stream, host1->host0): {record['link_MBps']} MB/s, median {link:.1f}",
@@ -137,14 +151,47 @@ def main():
                     print(f"# {h} hosts rep {rep} {lib}: " + ", ".join(f"{s}B {t:.1f}us" for s, t in
                                                                        sorted(times.items())), flush=True)
             summ = summarise(runs, h, link)
-            record["by_hosts"][h] = {"runs": runs, "summary": summ}
+            record["by_hosts"][h] = {"runs": runs, "summary": summ, "model": rtt_model(st, h)}
             print_summary(h, summ, link)
+            if st.get("delay_line"):
+                m = record["by_hosts"][h]["model"]
+                print(f"## RTT model, {h} hosts: tuner picks {m['algo']} ({m['rounds']} rounds), RTT {m['rtt_us']:.0f} us: "
+                      f"rounds x RTT {m['rounds_x_rtt_us']:.0f} us, rounds x RTT/2 {m['rounds_x_rtt_us'] / 2:.0f} us")
+                for lib in libs:
+                    t8 = summ[lib][8]["us_median"]
+                    print(f"   {lib:>5}: 8 B {t8:.0f} us = {t8 / m['rounds_x_rtt_us']:.2f} x rounds x RTT")
+                if "harp" in summ and "gloo" in summ:
+                    print(f"   harp / gloo {summ['harp'][8]['us_median'] / summ['gloo'][8]['us_median']:.2f}")
+                if "harp" in summ and "mpi" in summ:
+                    print(f"   harp / mpi  {summ['harp'][8]['us_median'] / summ['mpi'][8]['us_median']:.2f}")
         record["stamp_after"] = stamp()
         with open(a.out, "w") as f:
             json.dump(record, f, indent=1)
     finally:
         if made:
             net.down(st)
+
+
+ROUNDS = {  # rounds of message exchange of an 8-byte allreduce on p ranks, per algorithm
+    "recursive_doubling": lambda p: (p - 1).bit_length() + (0 if p & (p - 1) == 0 else 1),
+    "halving_doubling": lambda p: 2 * (p - 1).bit_length() + (0 if p & (p - 1) == 0 else 2),
+    "ring": lambda p: 2 * (p - 1),
+}
+
+
+def rtt_model(st, hosts):
+    """The algorithm HARP's tuner picks for an 8-byte float32 allreduce on `hosts` tcp ranks
+    (harp-config --explain) and its RTT-bound time (rounds x the RTT measured at up)."""
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allreduce", "8", "--ranks", str(hosts),
+                        "--transport", "tcp"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=PYDIR))
+    m = re.search(r"^pick: (\w+)", r.stdout, re.M)
+    if not m or m.group(1) not in ROUNDS:
+        raise RuntimeError(f"arena_bench: no RTT model for the tuner's pick: {r.stdout[-500:]}{r.stderr[-500:]}")
+    algo = m.group(1)
+    rtt = (st.get("rtt_measured_us") or {}).get("median", 0.0)
+    rounds = ROUNDS[algo](hosts)
+    return {"algo": algo, "rounds": rounds, "rtt_us": rtt, "rounds_x_rtt_us": rounds * rtt,
+            "explain": r.stdout[-1500:]}
 
 
 def print_summary(h, summ, link):

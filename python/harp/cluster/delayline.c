@@ -7,7 +7,7 @@
 //
 // Usage:
 //   harp-delayline [--delay NS] [--jitter NS] [--loss PPM] [--zone-delay NS]
-//                  [--queue-bytes N] [--seed N] [--stats FILE]
+//                  [--queue-bytes N] [--seed N] [--stats FILE] [--no-rt]
 //                  --port IFNAME,MAC,ZONE,EXTRA_NS ...
 //
 // Each --port is one switch port: a veth end in this namespace (not on a
@@ -28,7 +28,8 @@
 // wire packet, not per 64 KB burst).
 //
 // Waiting: ppoll on the ports until the earliest due frame, timer slack 1 ns;
-// no busy polling (ranks share the cores). Prints "READY" on stdout once every
+// no busy polling (ranks share the cores); SCHED_FIFO priority 10 (unless
+// --no-rt), so that ranks spinning on the same cores do not delay the wire. Prints "READY" on stdout once every
 // port is open. On SIGTERM/SIGINT it writes its counters to --stats (if
 // given) and exits. Linux only; needs CAP_NET_RAW in the switch namespace.
 #define _GNU_SOURCE
@@ -39,6 +40,7 @@
 #include <net/ethernet.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +79,7 @@ static size_t queue_cap = 64u << 20, queued_bytes;
 static int64_t last_due[MAX_PORTS][MAX_PORTS];
 static uint64_t rng = 0x9e3779b97f4a7c15ull, seq;
 static volatile sig_atomic_t stop;
+static int no_rt;
 static uint64_t n_in, n_out, n_lost, n_full, n_trunc, n_send_err, n_flood;
 
 // Binary min-heap of queued frames by (due, seq).
@@ -274,6 +277,7 @@ int main(int argc, char** argv) {
   const char* stats = NULL;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
+    if (!strcmp(a, "--no-rt")) { no_rt = 1; continue; }
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) { fprintf(stderr, "harp-delayline: %s needs a value\n", a); return 2; }
     ++i;
@@ -300,6 +304,12 @@ int main(int argc, char** argv) {
   for (int p = 0; p < nports; ++p)
     if (open_port(&ports[p])) return 1;
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  // The wire does not share the hosts' CPUs: run ahead of the ranks (real-time priority, best
+  // effort; it never spins longer than kSpinNs, so it cannot starve them). --no-rt keeps it normal.
+  if (!no_rt) {
+    struct sched_param sp = {.sched_priority = 10};
+    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) perror("harp-delayline: SCHED_FIFO (continuing without)");
+  }
   struct sigaction sa = {0};
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
