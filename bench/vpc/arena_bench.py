@@ -113,6 +113,8 @@ def main():
     ap.add_argument("--delay", help="one-way delay between hosts (harp-cluster --delay), e.g. 50us, 500us")
     ap.add_argument("--jitter")
     ap.add_argument("--loss")
+    ap.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000],
+                    help="9000 with --loss keeps the delay line's frame rate low (offloads are off then)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]
@@ -120,7 +122,7 @@ def main():
     st = topo.load(a.name)
     made = st is None
     if made:
-        st = net.up(a.name, max(hosts_list), rate=a.rate, delay=a.delay, jitter=a.jitter, loss=a.loss)
+        st = net.up(a.name, max(hosts_list), rate=a.rate, mtu=a.mtu, delay=a.delay, jitter=a.jitter, loss=a.loss)
     try:
         record = {"stamp_before": stamp(), "cluster": {k: st.get(k) for k in (
                       "hosts", "rate", "mtu", "congestion", "delay_ns", "jitter_ns", "loss_ppm", "delay_line_ns",
