@@ -223,6 +223,15 @@ def _py_check(root):
     return p.returncode, p.stdout + p.stderr
 
 
+def _py_check_with(tmp_path, rel, text):
+    """check_py_imports.py on a copy of python/harp with `text` appended to `rel`."""
+    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__", "harp-delayline"))
+    path = tmp_path / rel
+    path.write_text(path.read_text() + "\n\n" + text)
+    return _py_check(tmp_path)
+
+
 def test_python_package_has_no_import_circle():
     rc, out = _py_check(ROOT)
     assert rc == 0, out
@@ -236,11 +245,7 @@ def test_python_package_has_no_import_circle():
      {"harp.horovod.torch", "harp.horovod.torch._names"}),
 ])
 def test_an_injected_import_circle_is_reported(tmp_path, rel, line, circle):
-    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    path = tmp_path / rel
-    path.write_text(path.read_text() + "\n\n" + line)
-    rc, out = _py_check(tmp_path)
+    rc, out = _py_check_with(tmp_path, rel, line)
     assert rc == 1, out
     first = [l for l in out.splitlines() if l.startswith("import circle: ")]
     assert len(first) == 1 and circle <= set(first[0].split(": ", 1)[1].split(", ")), out
@@ -253,22 +258,14 @@ def test_an_injected_import_circle_is_reported(tmp_path, rel, line, circle):
     ("python/harp/elastic.py", "def _late(w):\n    w._finish(None)\n", "w._finish"),
 ])
 def test_an_injected_private_reach_is_reported(tmp_path, rel, line, reach):
-    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    path = tmp_path / rel
-    path.write_text(path.read_text() + "\n\n" + line)
-    rc, out = _py_check(tmp_path)
+    rc, out = _py_check_with(tmp_path, rel, line)
     assert rc == 1, out
     got = [l for l in out.splitlines() if "reaches into a private member" in l]
     assert len(got) == 1 and got[0].startswith(rel + ":") and f": {reach}: " in got[0], out
 
 
 def test_a_private_of_the_same_module_or_a_third_party_is_not_a_reach(tmp_path):
-    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    path = tmp_path / "python/harp/comm.py"
-    path.write_text(path.read_text() + "\n\ndef _late(other, sys):\n    return other._c, sys._getframe\n")
-    rc, out = _py_check(tmp_path)
+    rc, out = _py_check_with(tmp_path, "python/harp/comm.py", "def _late(other, sys):\n    return other._c, sys._getframe\n")
     assert rc == 0, out
 
 

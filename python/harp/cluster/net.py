@@ -255,13 +255,7 @@ def start_delay_lines(st, delay_ns):
         for i in range(st["hosts"]):
             extra = parse_time(hd.get(str(i), "0ns"))
             argv += ["--port", f"h{i}n{j},{_mac(topo.host_ns(st['name'], i), f'eth{j}')},{zone_of(st, i)},{extra}"]
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        line = p.stdout.readline()
-        if not line.startswith("READY"):
-            p.kill()
-            raise RuntimeError(f"harp-cluster: harp-delayline for NIC {j} did not start: {p.stderr.read().strip()}")
-        p.stdout.close()
-        p.stderr.close()
+        p, _ = _start_ready(argv, f"harp-delayline for NIC {j}")
         pids.append(p.pid)
     st["delay_line_pids"] = pids
     st["delay_line_ns"] = delay_ns
@@ -346,15 +340,22 @@ def start_holder(st, i, hosts_path):
             sys.executable, "-m", "harp.cluster.holder", "--hostname", topo.hostname(st["name"], i),
             "--hosts", hosts_path]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    _, line = _start_ready(argv, f"holder of host {i}", env=env)
+    return int(line.split()[1])
+
+
+def _start_ready(argv, what, env=None):
+    """Start a daemon in its own session and wait for its "READY ..." line; (process, line).
+    A daemon that exits or prints anything else is killed and its stderr raised."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
     line = p.stdout.readline()
-    if not line.startswith("READY "):
+    if not line.startswith("READY"):
         p.kill()
-        raise RuntimeError(f"harp-cluster: holder of host {i} did not start: {p.stderr.read().strip()}")
+        raise RuntimeError(f"harp-cluster: {what} did not start: {p.stderr.read().strip()}")
     p.stdout.close()
     p.stderr.close()
-    return int(line.split()[1])
+    return p, line
 
 
 def up(name, hosts, rate="1gbit", mtu=1500, nics=1, flow_cap=None, congestion=None, delay=None, jitter=None,
