@@ -25,7 +25,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     import harp
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # where the ranks import harp from
-from harp.cluster import net, runner, slurm, topology as topo  # noqa: E402
+from harp.cluster import net, slurm, topology as topo  # noqa: E402
 
 pytestmark = pytest.mark.netns
 

@@ -281,7 +281,7 @@ _OPS = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 def _sg_pieces(rank, size, dtype, op, in_place, seed):
     """Raw list calls through the binding (no Python signature check): random pieces of odd sizes,
     some shorter than the rank count, in place or into separate receive buffers."""
-    from harp._types import ReduceOp, dtype_of, parse_op
+    from harp._types import dtype_of, parse_op
     comm = harp.init()
     rng = np.random.default_rng(seed)
     counts = [int(c) for c in rng.integers(0, 3000, size=11)] + [1, 2, size - 1, size + 1, 0]

@@ -313,3 +313,26 @@ def test_the_history_check_can_fail():
     assert HISTORY_RE.search(f"// Topology ({word} 16): host map")
     assert HISTORY_RE.search(f"see {word.title()}-19")
     assert not HISTORY_RE.search("an issue of the transport; 16 ranks")
+
+
+# -- Python lint: pyflakes' rules through ruff ([tool.ruff] in pyproject.toml) ------------------------------
+def _ruff():
+    import shutil as _sh
+    exe = _sh.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
+    if not os.path.exists(exe):
+        pytest.skip("ruff is not installed (scripts/deps/test.pip installs it)")
+    return exe
+
+
+def test_python_sources_pass_the_lint():
+    r = subprocess.run([_ruff(), "check", "--output-format", "concise", "python", "scripts", "tests", "bench"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_the_lint_can_fail(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(open(os.path.join(ROOT, "pyproject.toml")).read())
+    (tmp_path / "bad.py").write_text("import os\n\n\ndef f():\n    return undefined_name\n")
+    r = subprocess.run([_ruff(), "check", "--output-format", "concise", "."], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "F401" in r.stdout and "F821" in r.stdout, r.stdout + r.stderr

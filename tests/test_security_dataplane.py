@@ -21,7 +21,6 @@ set-up only once the attacker is done, so the attack lands while the other
 ranks are inside transport set-up, deterministically. The test asserts the job
 formed (and what was refused), never how fast.
 """
-import errno
 import fcntl
 import os
 import re

@@ -170,7 +170,7 @@ def s_mr_cache():
         for rank, (ok, stats, text) in enumerate(res):
             assert ok, f"{mode} rank {rank}: wrong allreduce result"
             assert stats, f"{mode} rank {rank}: no MR cache statistics written: {text!r}"
-            kind, reg, hits, dereg, evict, live = stats[0], *map(int, stats[1:])
+            kind, reg, hits, dereg, _evict, live = stats[0], *map(int, stats[1:])
             assert kind == mode, stats
             if mode == "lazy":
                 # Two arrays (+ the scratch buffer the algorithm may use): each

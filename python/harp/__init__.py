@@ -42,6 +42,6 @@ def transports():
 __all__ = [
     "Communicator", "UniqueId", "Work", "get_unique_id", "init", "launch_env", "transports", "DataType", "ReduceOp",
     "HarpError", "HarpTimeoutError", "InvalidArgumentError", "MismatchError", "PeerError", "UnavailableError",
-    "RevokedError",
+    "RevokedError", "topology", "__version__",
     "SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "UNDEFINED",
 ]

@@ -40,7 +40,6 @@ issue collectives in the same order, so order your threads' calls yourself.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import weakref
 from typing import Optional, Sequence
@@ -50,7 +49,7 @@ import numpy as np
 from . import _harp
 from ._buffers import address, as_array, out_buffer
 from ._harp import run_arrays as _run_arrays
-from ._types import MAX_TAG, Coll, DataType, ReduceOp, check_int, numpy_dtype, parse_dtype, parse_op, typed_count
+from ._types import MAX_TAG, Coll, DataType, ReduceOp, check_int, parse_dtype, parse_op, typed_count
 from ._work import CallLayer, Work, _float, _seconds, wait_seconds  # noqa: F401  (harp.comm.Work and the rules stay importable here)
 from .errors import InvalidArgumentError
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import _harp
 from ._buffers import address, as_array, out_buffer
-from ._types import Coll, DataType, ReduceOp, parse_op, typed_count
+from ._types import parse_op, typed_count
 from ._work import Work, _seconds
 from .errors import InvalidArgumentError
 

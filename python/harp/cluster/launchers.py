@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass
 

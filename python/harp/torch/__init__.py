@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
 import torch.distributed as dist
 
 from ._pg import ProcessGroupHarp

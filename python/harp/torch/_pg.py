@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 import threading
 import time
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 from torch._C import _distributed_c10d as _c10d
 
-from .. import _harp, _params
+from .. import _params
 from .._types import MAX_TAG, Coll, DataType, ReduceOp
 from .._types import is_int as _is_int
 from ..comm import Communicator

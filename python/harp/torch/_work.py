@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import threading
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 
