@@ -11,8 +11,18 @@ Per transport, two ranks on this host ping-pong with send/recv:
   gamma = the reduction kernel's time per byte (float32 sum, 4 MiB, this process;
           harp._harp.measure_gamma), the same for every transport.
 The median of the repetitions is taken, so a busy machine skews less. Run it on the
-machines the jobs use (ranks on different hosts: run a two-host job by hand and
-write the tcp/verbs lines yourself; the format is one line per transport).
+machines the jobs use.
+
+Between hosts (the RTT term of the cost model): --cluster NAME measures the tcp line
+between hosts 0 and 1 of an arena cluster that is up (harp-cluster up ... --delay 500us),
+one rank on each, through harp-cluster run; alpha is then half the hosts' round trip:
+
+    harp-cluster up --name vpc --hosts 2 --delay 500us
+    PYTHONPATH=python python3 scripts/calibrate.py --cluster vpc > vpc-calib.txt   # tcp ~5e-4
+    HARP_CALIBRATION_FILE=vpc-calib.txt harp-config --explain allreduce 8 --ranks 8 --transport tcp
+
+On real hosts, run `scripts/calibrate.py --worker` as a two-rank job (any launcher
+that sets HARP_UNIQUE_ID or HARP_ADDR/HARP_RANK/HARP_WORLD_SIZE); rank 0 prints the line.
 """
 from __future__ import annotations
 
@@ -68,15 +78,66 @@ def measure(transport, iters):
     return alpha, beta
 
 
+def worker(iters):
+    """One rank of a two-rank job across hosts (launcher environment); rank 0 prints
+    'CALIB alpha beta'."""
+    comm = harp.init()
+    if comm.size != 2:
+        raise SystemExit(f"calibrate.py --worker: needs exactly 2 ranks, got {comm.size}")
+    res = {}
+    for n in (8, 4 << 20):
+        buf = np.zeros(n, np.uint8)
+        times = []
+        for i in range(iters + 3):
+            t0 = time.perf_counter()
+            if comm.rank == 0:
+                comm.send(buf, 1)
+                comm.recv(buf, 1)
+            else:
+                comm.recv(buf, 0)
+                comm.send(buf, 0)
+            if i >= 3:
+                times.append((time.perf_counter() - t0) / 2)
+        res[n] = statistics.median(times)
+    if comm.rank == 0:
+        print(f"CALIB {res[8]:.6g} {max(res[4 << 20] - res[8], 0.0) / (4 << 20):.6g}", flush=True)
+    comm.destroy()
+
+
+def measure_cluster(name, iters):
+    """(alpha, beta) of tcp between hosts 0 and 1 of arena cluster `name` (one rank on each)."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, HARP_TRANSPORT="tcp", PYTHONPATH=os.path.join(here, "..", "python"))
+    r = subprocess.run([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
+                        "600", "--", sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(iters)],
+                       capture_output=True, text=True, env=env, timeout=700)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("CALIB ")), None)
+    if r.returncode or not line:
+        raise SystemExit(f"calibrate.py --cluster {name}: the job failed ({r.returncode}): {r.stderr[-2000:]}")
+    _, alpha, beta = line.split()
+    return float(alpha), float(beta)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="calibrate.py", description=__doc__.split("\n")[0])
     ap.add_argument("--transports", default="tcp,shm")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--cluster", help="measure tcp between hosts 0 and 1 of this arena cluster (harp-cluster up)")
+    ap.add_argument("--worker", action="store_true", help="one rank of a two-host calibration job")
     a = ap.parse_args(argv)
+    if a.worker:
+        worker(a.iters)
+        return
     gamma = harp._harp.measure_gamma()
     print(f"# HARP calibration: {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
-          f"load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs (scripts/calibrate.py)")
+          f"load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs (scripts/calibrate.py"
+          f"{' --cluster ' + a.cluster if a.cluster else ''})")
     print("# transport  alpha_s  beta_s_per_byte  gamma_s_per_byte")
+    if a.cluster:
+        alpha, beta = measure_cluster(a.cluster, a.iters)
+        print(f"tcp {alpha:.3g} {beta:.3g} {gamma:.3g}")
+        return
     for t in a.transports.split(","):
         alpha, beta = measure(t, a.iters)
         print(f"{t} {alpha:.3g} {beta:.3g} {gamma:.3g}")

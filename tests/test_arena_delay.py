@@ -133,3 +133,28 @@ def test_cli_up_status_probe_down():
         d = run("down")
     assert d.returncode == 0, d.stderr
     assert _gone(name) == []
+
+
+def test_calibrate_measures_the_rtt_term_between_hosts_and_explain_shows_it(tmp_path):
+    """scripts/calibrate.py --cluster: alpha is half the hosts' round trip; the cost model then uses it."""
+    _skip()
+    name = _name("k")
+    st = net.up(name, 2, rate="1gbit", delay="250us")
+    root = os.path.dirname(HERE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "python"), HERE]))
+    try:
+        r = subprocess.run([sys.executable, os.path.join(root, "scripts", "calibrate.py"), "--cluster", name,
+                            "--iters", "100"], capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        line = next(l for l in r.stdout.splitlines() if l.startswith("tcp "))
+        alpha = float(line.split()[1])
+        assert 0.7 * 250e-6 <= alpha <= 1.5 * 250e-6, r.stdout  # asked RTT 500 us; on loopback ~15 us
+    finally:
+        net.down(st)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(r.stdout)
+    e = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allreduce", "8", "--ranks", "8",
+                        "--transport", "tcp"], capture_output=True, text=True, timeout=120,
+                       env=dict(env, HARP_CALIBRATION_FILE=str(calib)))
+    assert e.returncode == 0, e.stderr
+    assert f"alpha {alpha * 1e6:.3g} us" in e.stdout and "RTT" in e.stdout, e.stdout

@@ -270,8 +270,13 @@ _len = st.one_of(st.integers(0, 64), st.sampled_from([MAX_KEY, MAX_KEY + 1, MAX_
                  st.integers(0, 2**32 - 1))
 
 
+# Every command but FORMED (7): an authenticated client that says a communicator formed ends the
+# store's service once its clients are gone, by design (test_formed_store_stops_once_its_clients_leave).
+_cmd = st.integers(0, 255).filter(lambda c: c != 7)
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-@given(frames=st.lists(st.tuples(st.integers(0, 255), _len, _len, st.binary(max_size=96)), min_size=1, max_size=4),
+@given(frames=st.lists(st.tuples(_cmd, _len, _len, st.binary(max_size=96)), min_size=1, max_size=4),
        tail=st.binary(max_size=64))
 def test_fuzzed_frames_never_break_the_store(fuzz_server, frames, tail):
     """Random commands and length fields (including wrapping and over-limit ones) from an
@@ -288,6 +293,28 @@ def test_fuzzed_frames_never_break_the_store(fuzz_server, frames, tail):
     c.closed_by_server(wait=0.2)
     c.close()
     assert_serves(fuzz_server)
+
+
+def test_formed_store_stops_once_its_clients_leave(server):
+    """FORMED (command 7) from an authenticated client: the store keeps serving the clients it has,
+    and stops listening once the last one is gone (the fuzz tests above leave this command out)."""
+    a, b = StoreClient(server.addr, server.secret), StoreClient(server.addr, server.secret)
+    assert a.hello()[0] and b.hello()[0]
+    a.frame(7, b"", b"")
+    a.close()
+    b.set(b"k", b"v")
+    assert b.get(b"k") == b"v"  # still serving the client it has
+    b.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(server.addr, timeout=1).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the store still listens after FORMED and its last client left")
+    assert server.alive()  # the process lives on; only its store stopped
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

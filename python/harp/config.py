@@ -127,7 +127,8 @@ def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_
     shape = f", {len(ppn)} hosts x {'/'.join(map(str, ppn)) if len(set(ppn)) > 1 else ppn[0]}" if len(ppn) > 1 else ""
     out = [f"{coll} {nbytes} bytes ({e['count']} x {dtype}), {ranks} ranks{shape}, transport {transport}"
            + (", in place" if in_place else ""),
-           f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us, beta {e['beta'] * 1e9:.3g} ns/byte, "
+           f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us (per message: half a round trip, RTT "
+           f"{2 * e['alpha'] * 1e6:.3g} us), beta {e['beta'] * 1e9:.3g} ns/byte, "
            f"gamma {e['gamma'] * 1e9:.3g} ns/byte ({e['params_source']})",
            f"  {'algorithm':20s} {'restrictions':18s} {'predicted':>12s}  status"]
     for c in e["candidates"]:
