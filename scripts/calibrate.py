@@ -107,8 +107,8 @@ def worker(iters):
 def measure_cluster(name, iters):
     """(alpha, beta) of tcp between hosts 0 and 1 of arena cluster `name` (one rank on each)."""
     import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, HARP_TRANSPORT="tcp", PYTHONPATH=os.path.join(here, "..", "python"))
+    # the ranks import harp from where this process did (an installed wheel or a built checkout)
+    env = dict(os.environ, HARP_TRANSPORT="tcp", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__))))
     r = subprocess.run([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
                         "600", "--", sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(iters)],
                        capture_output=True, text=True, env=env, timeout=700)

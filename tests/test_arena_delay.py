@@ -114,8 +114,8 @@ def test_bad_network_options_are_refused_naming_them(kw, what):
 def test_cli_up_status_probe_down():
     _skip()
     name = _name("c")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(net.__file__)) + "/..", HERE]
-                                                      + sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(net.__file__))),
+                                                       HERE] + sys.path))
     run = lambda *a: subprocess.run([sys.executable, "-m", "harp.cluster", *a, "--name", name], capture_output=True,
                                     text=True, timeout=240, env=env)
     up = run("up", "--hosts", "2", "--delay", "250us", "--jitter", "20us")
@@ -140,8 +140,10 @@ def test_calibrate_measures_the_rtt_term_between_hosts_and_explain_shows_it(tmp_
     _skip()
     name = _name("k")
     st = net.up(name, 2, rate="1gbit", delay="250us")
+    import harp
     root = os.path.dirname(HERE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "python"), HERE]))
+    # harp from where this test imports it (CI: the installed wheel; the source tree has no build)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(harp.__file__)), HERE]))
     try:
         r = subprocess.run([sys.executable, os.path.join(root, "scripts", "calibrate.py"), "--cluster", name,
                             "--iters", "100"], capture_output=True, text=True, timeout=600, env=env)
