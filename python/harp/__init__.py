@@ -20,7 +20,7 @@ from .comm import Communicator, UniqueId, Work, get_unique_id
 from .errors import (HarpError, HarpTimeoutError, InvalidArgumentError, MismatchError, PeerError,
                      UnavailableError)
 from ._env import init, launch_env
-from .topology import topology  # host map of a communicator
+from .topology import topology  # noqa: F401  (host map of a communicator, harp.topology)
 from . import compress  # noqa: F401  (wire compression, harp.compress)
 from .errors import RevokedError  # fault tolerance; harp.elastic is imported on use
 
@@ -42,6 +42,6 @@ def transports():
 __all__ = [
     "Communicator", "UniqueId", "Work", "get_unique_id", "init", "launch_env", "transports", "DataType", "ReduceOp",
     "HarpError", "HarpTimeoutError", "InvalidArgumentError", "MismatchError", "PeerError", "UnavailableError",
-    "RevokedError", "topology", "__version__",
+    "RevokedError", "__version__",
     "SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "UNDEFINED",
 ]
