@@ -262,12 +262,9 @@ def start_delay_lines(st, delay_ns):
 
 
 def stop_delay_lines(st):
-    pids = st.get("delay_line_pids") or []
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.02)
-    _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+    # Only recorded pids still inside the switch namespace: a pid that has gone may have been reused.
+    inside = set(ns_pids(topo.switch_ns(st["name"])))
+    _terminate([p for p in st.get("delay_line_pids") or [] if p in inside])
     st["delay_line_pids"] = []
 
 
@@ -441,10 +438,15 @@ def kill_host_processes(st, grace=2.0):
     # there may have been reused by an unrelated process.
     pids = {p for n in names for p in ns_pids(n)}
     pids.discard(os.getpid())
+    _terminate(pids, grace)
+
+
+def _terminate(pids, grace=2.0):
+    """SIGTERM, up to `grace` seconds for them to exit, then SIGKILL to those left."""
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
+        time.sleep(0.02)
     _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
 
 
