@@ -43,6 +43,9 @@ def test_one_ms_rtt_full_rate_and_a_tenth_percent_loss_are_delivered():
     st = net.up(name, 2, rate="1gbit", mtu=9000, delay="500us", loss="0.1%")
     try:
         assert st["delay_line"] and st["rtt_asked_us"] == 1000
+        # calibration takes off only the path's own cost (well under 100 us): a line that adds twice
+        # its delay would be calibrated to about half, one that adds nothing would miss the RTT below
+        assert 400_000 <= st["delay_line_ns"] <= 500_000, st["delay_line_ns"]
         got = net.probe(st, 0, 1, stream=2.0, udp=40000)
         rtt = got["rtt_us"]["median"]
         assert 850 <= rtt <= 1150, got  # asked 1 ms; without the line it is ~0.08 ms
@@ -57,25 +60,29 @@ def test_one_ms_rtt_full_rate_and_a_tenth_percent_loss_are_delivered():
     assert _gone(name) == []
 
 
-def test_hundred_microsecond_rtt_is_delivered():
+def test_hundred_microsecond_rtt_is_delivered_or_the_machine_floor_is_named():
     _skip()
     name = _name("b")
     st = net.up(name, 2, rate="1gbit", delay="50us")
     try:
-        # asked 100 us; the path's own cost (~40-80 us here, the RTT with no delay) is taken off the
-        # line's delay, so the spread of a shared 2-core VM (steal time up to 50% seen) shows most at
-        # this size: up to three sets of three probes, one of which must have its median in range
-        # (a line that adds nothing or twice the delay misses in all of them)
+        # up() calibrated: the path's own cost came off the line's delay. At 100 us that cost is most of
+        # the RTT: ~40-80 us on a quiet machine, 100-200 us seen under load (steal time on a shared
+        # 2-core VM, and each sleeping endpoint's wake-up). Either the calibrated line delivers the ask,
+        # or calibration took the line to zero because the path alone already takes the asked RTT (the
+        # machine's floor, which status reports as measured). Up to three tries, calibrating again.
         seen = []
         for _ in range(3):
-            runs = sorted(net.probe(st, 0, 1, rounds=300)["rtt_us"]["median"] for _ in range(3))
-            seen.append(runs[1])
-            if 75 <= runs[1] <= 140:
+            r = sorted(net.probe(st, 0, 1, rounds=300)["rtt_us"]["median"] for _ in range(3))[1]
+            seen.append((st["delay_line_ns"], r))
+            if 75 <= r <= 140 or (st["delay_line_ns"] == 0 and r >= 95):
                 break
-        assert 75 <= seen[-1] <= 140, seen
-        assert st["delay_line_ns"] < 50_000  # corrected for its own cost
+            net.calibrate_delay_lines(st)
+        line, r = seen[-1]
+        assert 75 <= r <= 140 or (line == 0 and r >= 95), seen
+        assert line < 50_000, seen  # corrected for its own cost
     finally:
         net.down(st)
+    assert _gone(name) == []
 
 
 def test_zones_host_delay_and_a_slow_host():
