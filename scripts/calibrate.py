@@ -21,6 +21,9 @@ one rank on each, through harp-cluster run; alpha is then half the hosts' round 
     PYTHONPATH=python python3 scripts/calibrate.py --cluster vpc > vpc-calib.txt   # tcp ~5e-4
     HARP_CALIBRATION_FILE=vpc-calib.txt harp-config --explain allreduce 8 --ranks 8 --transport tcp
 
+With --cluster the file also states the line's bandwidth-delay product against the kernel's TCP
+buffer limits (net.ipv4.tcp_rmem/tcp_wmem) and says when one stream's window cannot cover it.
+
 On real hosts, run `scripts/calibrate.py --worker` as a two-rank job (any launcher
 that sets HARP_UNIQUE_ID or HARP_ADDR/HARP_RANK/HARP_WORLD_SIZE); rank 0 prints the line.
 """
@@ -100,12 +103,43 @@ def worker(iters):
                 times.append((time.perf_counter() - t0) / 2)
         res[n] = statistics.median(times)
     if comm.rank == 0:
-        print(f"CALIB {res[8]:.6g} {max(res[4 << 20] - res[8], 0.0) / (4 << 20):.6g}", flush=True)
+        print(f"CALIB {res[8]:.6g} {max(res[4 << 20] - res[8], 0.0) / (4 << 20):.6g} {tcp_buffer_max('rmem')} "
+              f"{tcp_buffer_max('wmem')}", flush=True)
     comm.destroy()
 
 
+def tcp_buffer_max(which):
+    """The largest TCP receive ('rmem') or send ('wmem') buffer the kernel's autotuning gives a socket
+    in this network namespace (the third field of net.ipv4.tcp_rmem / tcp_wmem); 0 if unreadable."""
+    try:
+        with open(f"/proc/sys/net/ipv4/tcp_{which}") as f:
+            return int(f.read().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def window_report(alpha, beta, rmem, wmem):
+    """Comment lines on the bandwidth-delay product of the measured line against the kernel's TCP
+    buffer limits (a window smaller than the BDP caps one stream below the link rate)."""
+    if beta <= 0 or not rmem or not wmem:
+        return [], False
+    bdp = 2 * alpha / beta  # RTT x bandwidth
+    # Linux advertises about half the receive buffer as window (the rest is overhead, tcp_adv_win_scale)
+    window = min(rmem // 2, wmem)
+    lines = [f"# bandwidth-delay product {bdp / 1024:.0f} KiB (RTT {2 * alpha * 1e6:.0f} us x "
+             f"{1 / beta / 1e6:.0f} MB/s); kernel TCP buffers: tcp_rmem max {rmem >> 10} KiB, tcp_wmem max "
+             f"{wmem >> 10} KiB, a window of about {window >> 10} KiB per stream"]
+    short = window < bdp
+    if short:
+        lines.append(f"# one TCP stream is capped near {window / (2 * alpha) / 1e6:.0f} MB/s: raise net.ipv4.tcp_rmem "
+                     f"and tcp_wmem (their third field) to at least {2 * int(bdp)}, or use lanes "
+                     f"(HARP_SOCKET_NSTREAMS)")
+    return lines, short
+
+
 def measure_cluster(name, iters):
-    """(alpha, beta) of tcp between hosts 0 and 1 of arena cluster `name` (one rank on each)."""
+    """(alpha, beta, tcp_rmem max, tcp_wmem max) of tcp between hosts 0 and 1 of arena cluster `name`
+    (one rank on each; the buffer limits as host 0's network namespace has them)."""
     import subprocess
     # the ranks import harp from where this process did (an installed wheel or a built checkout)
     env = dict(os.environ, HARP_TRANSPORT="tcp", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__))))
@@ -115,8 +149,8 @@ def measure_cluster(name, iters):
     line = next((l for l in r.stdout.splitlines() if l.startswith("CALIB ")), None)
     if r.returncode or not line:
         raise SystemExit(f"calibrate.py --cluster {name}: the job failed ({r.returncode}): {r.stderr[-2000:]}")
-    _, alpha, beta = line.split()
-    return float(alpha), float(beta)
+    _, alpha, beta, rmem, wmem = line.split()
+    return float(alpha), float(beta), int(rmem), int(wmem)
 
 
 def main(argv=None):
@@ -135,7 +169,12 @@ def main(argv=None):
           f"{' --cluster ' + a.cluster if a.cluster else ''})")
     print("# transport  alpha_s  beta_s_per_byte  gamma_s_per_byte")
     if a.cluster:
-        alpha, beta = measure_cluster(a.cluster, a.iters)
+        alpha, beta, rmem, wmem = measure_cluster(a.cluster, a.iters)
+        lines, short = window_report(alpha, beta, rmem, wmem)
+        for line in lines:
+            print(line)
+        if short:
+            print("calibrate.py: " + lines[-1][2:], file=sys.stderr)
         print(f"tcp {alpha:.3g} {beta:.3g} {gamma:.3g}")
         return
     for t in a.transports.split(","):

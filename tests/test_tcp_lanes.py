@@ -220,6 +220,26 @@ def _run_auto(**more):
     return r.stderr
 
 
+def _core_max(which):
+    with open(f"/proc/sys/net/core/{which}_max") as f:
+        return int(f.read())
+
+
+def test_socket_bufsize_reports_what_the_kernel_allowed():
+    cap = min(_core_max("rmem"), _core_max("wmem"))
+    big = min(4 * max(_core_max("rmem"), _core_max("wmem")), 1 << 30)
+    log = _run_auto(HARP_SOCKET_BUFSIZE=str(big))
+    m = re.search(r"HARP_SOCKET_BUFSIZE=(\d+): the kernel allowed SO_SNDBUF (\d+) and SO_RCVBUF (\d+) bytes \(capped",
+                  log)
+    assert m and int(m.group(1)) == big and int(m.group(2)) < big and int(m.group(3)) < big, log[-3000:]
+    small = cap // 4
+    log = _run_auto(HARP_SOCKET_BUFSIZE=str(small))
+    m = re.search(r"HARP_SOCKET_BUFSIZE=(\d+): the kernel allowed SO_SNDBUF (\d+) and SO_RCVBUF (\d+) bytes$", log,
+                  re.M)
+    assert m and int(m.group(2)) >= small and int(m.group(3)) >= small, log[-3000:]
+    assert "capped" not in log, log[-3000:]
+
+
 def test_auto_streams_resolve_to_a_number():
     log = _run_auto(HARP_SOCKET_PROBE_LOCAL="1")
     sender = re.search(r"rank 0 to rank 1 .*lane probe( \d+:\d+MB/s)+ -> keep (\d+) lane", log)

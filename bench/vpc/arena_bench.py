@@ -18,6 +18,11 @@ link rate. Writes one JSON with a provenance stamp.
 
 compares settings of one library in the same run (LIB@VAR=V+VAR2=V2).
 
+    python3 bench/vpc/arena_bench.py --name slow --hosts 4 --host-rate 3=500mbit --repeat 3 \
+        --out bench/vpc/results/allreduce-slow-host.json
+
+runs with one host's link slower (its line's rate measured too, so busbw is also shown against it).
+
     python3 bench/vpc/arena_bench.py --name rtt --hosts 4,8 --delay 500us --no-bw --repeat 3 \
         --out bench/vpc/results/lat-rtt1ms.json
 
@@ -113,6 +118,8 @@ def main():
     ap.add_argument("--delay", help="one-way delay between hosts (harp-cluster --delay), e.g. 50us, 500us")
     ap.add_argument("--jitter")
     ap.add_argument("--loss")
+    ap.add_argument("--host-rate", action="append", default=[],
+                    help="a slower host (harp-cluster --host-rate), e.g. 3=500mbit; repeatable")
     ap.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000],
                     help="9000 with --loss keeps the delay line's frame rate low (offloads are off then)")
     ap.add_argument("--out", required=True)
@@ -122,13 +129,19 @@ def main():
     st = topo.load(a.name)
     made = st is None
     if made:
-        st = net.up(a.name, max(hosts_list), rate=a.rate, mtu=a.mtu, delay=a.delay, jitter=a.jitter, loss=a.loss)
+        st = net.up(a.name, max(hosts_list), rate=a.rate, mtu=a.mtu, delay=a.delay, jitter=a.jitter, loss=a.loss,
+                    host_rate=a.host_rate or None)
     try:
         record = {"stamp_before": stamp(), "cluster": {k: st.get(k) for k in (
                       "hosts", "rate", "mtu", "congestion", "delay_ns", "jitter_ns", "loss_ppm", "delay_line_ns",
-                      "rtt_asked_us", "rtt_measured_us")},
+                      "rtt_asked_us", "rtt_measured_us", "host_rate")},
                   "command": " ".join(sys.argv), "link_MBps": [linkrate.measure(st, 1, 0) for _ in range(3)]}
         link = statistics.median(record["link_MBps"])
+        if a.host_rate:  # the slow host's own line, for the fraction of the slowest link
+            slow = [int(h.split("=")[0]) for h in a.host_rate]
+            record["slow_link_MBps"] = {h: statistics.median(linkrate.measure(st, h, 0 if h else 1) for _ in range(3))
+                                        for h in slow}
+            print(f"# slower hosts' line (single TCP stream): {record['slow_link_MBps']} MB/s", flush=True)
         print(f"# link payload rate (single TCP stream, host1->host0): {record['link_MBps']} MB/s, median {link:.1f}",
               flush=True)
         record["by_hosts"] = {}

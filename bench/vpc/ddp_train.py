@@ -15,11 +15,13 @@ Study options (defaults leave the run as before): --bucket-cap-mb (DDP's
 bucket_cap_mb; default torch's 25), --compress SPEC (HARP backend only: DDP comm
 hook harp.torch.hooks.topk_hook for topk:..., fp16_wire_hook / bf16_wire_hook for
 fp16/bf16; ',ef' is added to top-k specs; a trailing '!' skips the gate),
---seed S (model init and data seeds; 0: the original ones), --lr.
+--seed S (model init and data seeds; 0: the original ones), --lr, --no-sync (every step
+in DDP's no_sync(): no gradient communication, the baseline of communication efficiency).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -67,6 +69,9 @@ def main():
     ap.add_argument("--compress", default="none", help="harp backend: topk:RATIO, fp16 or bf16 DDP comm hook")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--no-sync", action="store_true",
+                    help="every step inside DDP's no_sync(): the same ranks and work with communication skipped "
+                         "(the denominator of communication efficiency)")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, size, _ = harp._env.launch_env()
@@ -85,9 +90,10 @@ def main():
         g = torch.Generator().manual_seed(1000 * rank + step + 1000003 * a.seed)
         x = torch.randn(a.batch, 1024, generator=g)
         y = torch.sin(x)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
+        with model.no_sync() if a.no_sync else contextlib.nullcontext():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
         opt.step()
     dist.barrier()
     elapsed = time.perf_counter() - t0
@@ -98,7 +104,7 @@ def main():
         rec = {"backend": a.backend, "world": size, "params": nparams, "batch_per_rank": a.batch,
                "steps": a.steps, "seconds": elapsed, "samples_per_s": size * a.batch * a.steps / elapsed,
                "final_loss": avg, "host": os.uname().nodename, "bucket_cap_mb": a.bucket_cap_mb,
-               "compress": a.compress, "seed": a.seed, "lr": a.lr, "width": a.width}
+               "compress": a.compress, "seed": a.seed, "lr": a.lr, "width": a.width, "no_sync": a.no_sync}
         print("TRAIN " + json.dumps(rec), flush=True)
     dist.destroy_process_group()
 

@@ -21,6 +21,14 @@ Bucket-size and compression studies (defaults unchanged without these options):
         per seed: dense HARP, HARP with the comm hook (ddp_train.py --compress) and gloo, same
         steps and data: final loss relative to dense HARP's (target within 1%) and wall time
         ratios (target >= 3x faster than dense HARP and than gloo).
+
+Communication efficiency at round-trip time (the issue's DDP goal: step time within 1.1 x the
+step time of the same ranks with communication skipped):
+    python3 bench/vpc/train_bench.py --name eff --hosts 4 --delay 250us --efficiency gloo,harp,harp-fp16,harp-topk \
+        --repeat 2 --out bench/vpc/results/ddp-efficiency-rtt05.json
+        per repetition: the no_sync run (ddp_train.py --no-sync, HARP) then each variant (gloo; HARP dense;
+        HARP with the fp16 wire hook; HARP top-k 1% with error feedback); step time / no_sync step time
+        and the final loss against dense HARP's.
 """
 from __future__ import annotations
 
@@ -167,6 +175,46 @@ def compress_study(a, name, hosts):
     return {str(k): v for k, v in out.items()}
 
 
+EFF_VARIANTS = {"gloo": ("gloo", []), "harp": ("harp", []), "harp-fp16": ("harp", ["--compress", "fp16"]),
+                "harp-topk": ("harp", ["--compress", "topk:0.01"])}
+
+
+def efficiency_study(a, name, hosts):
+    """Communication efficiency: each variant's step time against the same ranks with every step in
+    DDP's no_sync() (no communication), interleaved per repetition; and each compressed variant's
+    final loss against dense HARP's (same seed and data)."""
+    variants = a.efficiency.split(",")
+    for v in variants:
+        if v not in EFF_VARIANTS:
+            raise SystemExit(f"train_bench --efficiency: unknown variant {v!r} (known: {', '.join(EFF_VARIANTS)})")
+    runs = {v: [] for v in variants + ["no_sync"]}
+    for _ in range(a.repeat):
+        runs["no_sync"].append(train(name, hosts, "harp", "harp", a.steps, a.warmup, extra=_common(a) + ["--no-sync"]))
+        for v in variants:
+            backend, extra = EFF_VARIANTS[v]
+            runs[v].append(train(name, hosts, backend, "harp", a.steps, a.warmup, extra=_common(a) + extra))
+    med = {v: statistics.median(r["seconds"] for r in rs) for v, rs in runs.items()}
+    dense = statistics.median(r["final_loss"] for r in runs["harp"]) if "harp" in runs else None
+    summary = {}
+    for v in variants:
+        loss = statistics.median(r["final_loss"] for r in runs[v])
+        summary[v] = {"seconds_median": med[v], "seconds": [r["seconds"] for r in runs[v]],
+                      "step_ms": 1e3 * med[v] / a.steps, "efficiency": med["no_sync"] / med[v],
+                      "step_over_no_sync": med[v] / med["no_sync"], "final_loss": loss,
+                      "loss_rel_diff_vs_dense_harp": abs(loss - dense) / abs(dense) if dense else None}
+    summary["no_sync"] = {"seconds_median": med["no_sync"], "seconds": [r["seconds"] for r in runs["no_sync"]],
+                          "step_ms": 1e3 * med["no_sync"] / a.steps}
+    print(f"## DDP communication efficiency, {hosts} hosts, {a.steps} steps: step time / no_sync step time "
+          f"(goal <= 1.1), loss vs dense HARP (goal within 1%)")
+    print(f"{'no_sync':>10} step {summary['no_sync']['step_ms']:8.1f} ms")
+    for v in variants:
+        s_ = summary[v]
+        rel = f"{s_['loss_rel_diff_vs_dense_harp']:.4f}" if s_["loss_rel_diff_vs_dense_harp"] is not None else ""
+        print(f"{v:>10} step {s_['step_ms']:8.1f} ms  x no_sync {s_['step_over_no_sync']:.3f}  efficiency "
+              f"{s_['efficiency']:.3f}  loss {s_['final_loss']:.6f} rel {rel}")
+    return {"runs": runs, "summary": summary}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="vpc")
@@ -186,17 +234,23 @@ def main():
     ap.add_argument("--hier", action="store_true",
                     help="DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
     ap.add_argument("--variants", default="gloo,harp-flat,harp-auto,harp-rail")
+    ap.add_argument("--efficiency", default="",
+                    help="e.g. gloo,harp,harp-fp16,harp-topk: step time against no_sync at --hosts[0]")
+    ap.add_argument("--delay", help="one-way delay between hosts for a cluster made here, e.g. 250us (RTT 0.5 ms)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     hosts_list = [int(x) for x in a.hosts.split(",")]
     st = topo.load(a.name)
     made = st is None
     if made:
-        st = net.up(a.name, max(hosts_list), rate=a.rate)
+        st = net.up(a.name, max(hosts_list), rate=a.rate, delay=a.delay)
     try:
         rec = {"stamp_before": stamp(), "command": " ".join(sys.argv),
-               "cluster": {k: st[k] for k in ("hosts", "rate", "mtu", "congestion")}}
-        if a.hier:
+               "cluster": {k: st.get(k) for k in ("hosts", "rate", "mtu", "congestion", "delay_ns", "delay_line_ns",
+                                                  "rtt_asked_us", "rtt_measured_us")}}
+        if a.efficiency:
+            rec["efficiency"] = efficiency_study(a, a.name, hosts_list[0])
+        elif a.hier:
             rec["hier"] = hier_study(a, a.name, hosts_list[0])
         elif a.bucket_caps:
             rec["bucket_caps"] = bucket_caps(a, a.name, hosts_list[0])

@@ -146,7 +146,15 @@ std::string Selection::reason() const {
              hier_s, hier_over_s, hier_over->name, pickSourceName(hier_over_source));
     return b;
   }
-  if (source == PickSource::kCostModel) out = "cost model: cheapest candidate whose restrictions hold";
+  if (source == PickSource::kCostModel) {
+    out = "cost model: cheapest candidate whose restrictions hold";
+    if (!other_line.empty()) {
+      char b[160];
+      snprintf(b, sizeof b, " (tuning row %s was measured for another line; this one's alpha is %.3g us)",
+               other_line.c_str(), params.alpha * 1e6);
+      out += b;
+    }
+  }
   else out = std::string(source == PickSource::kUser ? "user (" : "tuning row ") + why +
              (source == PickSource::kUser ? ")" : "") + " names " + named->name;
   if (!named_failed.empty()) out += ", which " + named_failed + "; declared fallback " + pick->name;
@@ -163,10 +171,12 @@ Selection selectAlgorithm(const SelectQuery& query, const TuningTable& table, co
     s.source = PickSource::kUser;
     s.why = "algo= argument";
     s.named = named(q.coll, q.user_algo, "algo=");
-  } else if (auto m = table.match(q.coll, q.transport, q.ranks, q.bytes); m.row) {
+  } else if (auto m = table.match(q.coll, q.transport, q.ranks, q.bytes, s.params.alpha); m.row) {
     s.source = m.override ? PickSource::kUser : PickSource::kTuning;
     s.why = m.row->where;
     s.named = named(q.coll, m.row->algo, m.override ? "HARP_ALGO" : "tuning row " + m.row->where);
+  } else if (m.other_line) {
+    s.other_line = m.other_line->where;
   }
   if (s.named) {
     s.pick = withFallback(s.named, q);

@@ -4,7 +4,10 @@
 //
 // Order (first that speaks wins):
 //   1. user:   CollOptions::algo (algo= in Python), then HARP_ALGO rows;
-//   2. tuning: the first matching row of core/select/tuning.tsv / HARP_TUNING_FILE;
+//   2. tuning: the first matching row of core/select/tuning.tsv / HARP_TUNING_FILE
+//              (a row that names an alpha range holds only for lines whose
+//              calibrated alpha lies in it: rows measured on a short line stay
+//              silent on a 1 ms one, and the cost model decides there);
 //   3. cost:   the cheapest registered algorithm whose restrictions hold,
 //              costs evaluated with the transport's Calibration (core/select/cost.h);
 //   4. fallback: an algorithm named by 1 or 2 whose restrictions fail is
@@ -90,6 +93,7 @@ struct Selection {
   const Algorithm* named = nullptr;   // what user/tuning named, before any fallback
   std::string named_failed;           // why `named` was replaced ("" : it was not)
   std::string why;                    // "algo= argument", "core/select/tuning.tsv:12", ...
+  std::string other_line;             // a row that matched but for its alpha column ("" : none)
   // Filled only when explaining (the runtime path skips the strings).
   std::vector<Candidate> candidates;
   TransportParams params;

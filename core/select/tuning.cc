@@ -1,5 +1,7 @@
 #include "core/select/tuning.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -22,6 +24,39 @@ void parseRange(const std::string& s, size_t& lo, size_t& hi, const std::string&
   hi = b.empty() ? SIZE_MAX : env::parseBytes(b, where.c_str());
 }
 
+// A time with a unit (ns, us, ms, s), or 0: a bound of the alpha column, in seconds.
+double parseSeconds(const std::string& s, const std::string& where) {
+  if (s == "0") return 0;  // zero needs no unit
+  static const struct { const char* unit; double scale; } kUnits[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3},
+                                                                       {"s", 1.0}};
+  for (const auto& u : kUnits) {
+    size_t n = strlen(u.unit);
+    if (s.size() > n && s.compare(s.size() - n, n, u.unit) == 0) {
+      std::string num = s.substr(0, s.size() - n);
+      if (num.find_first_not_of("0123456789.") != std::string::npos || num.find_first_of("0123456789") ==
+          std::string::npos)
+        break;
+      char* end = nullptr;
+      double v = strtod(num.c_str(), &end);
+      if (end && *end == 0 && v >= 0 && v < 1e6) return v * u.scale;
+      break;
+    }
+  }
+  throw InvalidArgument(where + ": alpha '" + s + "' is not a time with a unit (ns, us, ms, s), e.g. 100us");
+}
+
+void parseAlphaRange(const std::string& s, double& lo, double& hi, const std::string& where) {
+  if (s == "*") return;
+  auto dash = s.find('-');
+  if (dash == std::string::npos)
+    throw InvalidArgument(where + ": alpha '" + s + "' must be a range: A-B, A- or -B (e.g. 0-100us)");
+  std::string a = s.substr(0, dash), b = s.substr(dash + 1);
+  if (a.empty() && b.empty()) throw InvalidArgument(where + ": alpha '-' names no bound");
+  if (!a.empty()) lo = parseSeconds(a, where);
+  if (!b.empty()) hi = parseSeconds(b, where);
+  if (lo >= hi) throw InvalidArgument(where + ": alpha range '" + s + "' is empty");
+}
+
 void parseRanks(const std::string& s, int& lo, int& hi, const std::string& where) {
   if (s == "*") return;
   size_t a = 0, b = 0;
@@ -42,16 +77,17 @@ std::vector<TuningRow> parseTuning(const std::string& text, const std::string& s
     auto hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     std::istringstream f(line);
-    std::string coll, transport, ranks, bytes, algo, extra;
+    std::string coll, transport, ranks, bytes, algo, alpha, extra;
     if (!(f >> coll)) continue;
     std::string where = source + ":" + std::to_string(n);
-    if (!(f >> transport >> ranks >> bytes >> algo) || (f >> extra))
-      throw InvalidArgument(where + ": expected 5 columns: collective transport ranks bytes algorithm");
+    if (!(f >> transport >> ranks >> bytes >> algo) || ((f >> alpha) && (f >> extra)))
+      throw InvalidArgument(where + ": expected 5 or 6 columns: collective transport ranks bytes algorithm [alpha]");
     TuningRow r;
     r.coll = parseColl(coll);
     r.transport = transport;
     parseRanks(ranks, r.min_ranks, r.max_ranks, where);
     parseRange(bytes, r.min_bytes, r.max_bytes, where);
+    if (!alpha.empty()) parseAlphaRange(alpha, r.min_alpha_s, r.max_alpha_s, where);
     r.algo = algo;
     r.where = where;
     rows.push_back(r);
@@ -106,16 +142,24 @@ TuningTable TuningTable::fromEnvironment() {
   return t;
 }
 
-TuningTable::Match TuningTable::match(CollType c, std::string_view transport, int ranks, size_t bytes) const {
+TuningTable::Match TuningTable::match(CollType c, std::string_view transport, int ranks, size_t bytes,
+                                      double alpha_s) const {
+  Match m;
   for (const auto* list : {&overrides, &rows})
     for (const auto& r : *list) {
       if (r.coll != c) continue;
       if (r.transport != "*" && r.transport != transport) continue;
       if (ranks < r.min_ranks || ranks > r.max_ranks) continue;
       if (bytes < r.min_bytes || bytes >= r.max_bytes) continue;
-      return {&r, list == &overrides};
+      if (alpha_s < r.min_alpha_s || alpha_s >= r.max_alpha_s) {
+        if (!m.other_line) m.other_line = &r;
+        continue;
+      }
+      m.row = &r;
+      m.override = list == &overrides;
+      return m;
     }
-  return {};
+  return m;
 }
 
 std::string TuningTable::lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const {

@@ -1,6 +1,7 @@
 // core/select/tuning.h — algorithm choice as data (UCC-style score map, first match wins).
 //
-// Rows come from core/select/tuning.tsv (built in), or HARP_TUNING_FILE. HARP_ALGO is a
+// Rows come from core/select/tuning.tsv (built in), or HARP_TUNING_FILE; a row may
+// name the line it holds for (a sixth column, the calibration's alpha: "0-100us"). HARP_ALGO is a
 // one-line override with the same keys, e.g.
 //   HARP_ALGO=ring                                  (allreduce, any size)
 //   HARP_ALGO=allreduce:ring,broadcast:binomial
@@ -22,6 +23,10 @@ struct TuningRow {
   std::string transport;  // "*" = any
   int min_ranks = 1, max_ranks = 1 << 30;
   size_t min_bytes = 0, max_bytes = SIZE_MAX;  // [min, max)
+  // The line's alpha (the calibration's per-message latency, half a round trip) the row was
+  // measured for, seconds, [min, max): a row measured on a short line says nothing about a
+  // long one (1 ms RTT between zones), where the cost model decides instead.
+  double min_alpha_s = 0, max_alpha_s = 1e300;
   std::string algo;
   std::string where;  // "core/select/tuning.tsv:12", "FILE:3" or "HARP_ALGO 'allreduce:ring'"
 };
@@ -41,8 +46,10 @@ struct TuningTable {
   struct Match {
     const TuningRow* row = nullptr;
     bool override = false;
+    const TuningRow* other_line = nullptr;  // the first row that matched all but the alpha column
   };
-  Match match(CollType c, std::string_view transport, int ranks, size_t bytes) const;
+  // alpha_s: the calibration's alpha for this transport (Calibration::params).
+  Match match(CollType c, std::string_view transport, int ranks, size_t bytes, double alpha_s = 0) const;
   // The algorithm for this collective; "" if no row matches.
   std::string lookup(CollType c, const std::string& transport, int ranks, size_t bytes) const;
 };

@@ -27,6 +27,36 @@ TEST(Tuning, ParsesRowsAndMatchesFirst) {
   EXPECT_EQ(rows[1].max_bytes, SIZE_MAX);
 }
 
+TEST(Tuning, AlphaColumnBoundsTheLineARowHoldsFor) {
+  auto rows = parseTuning(
+      "allreduce * * * a 0-100us\n"
+      "allreduce * * * b 1ms-\n"
+      "allreduce * * * c -2.5ms\n"
+      "allreduce * * * d *\n",
+      "t");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_DOUBLE_EQ(rows[0].min_alpha_s, 0);
+  EXPECT_DOUBLE_EQ(rows[0].max_alpha_s, 100e-6);
+  EXPECT_DOUBLE_EQ(rows[1].min_alpha_s, 1e-3);
+  EXPECT_GT(rows[1].max_alpha_s, 1e100);
+  EXPECT_DOUBLE_EQ(rows[2].max_alpha_s, 2.5e-3);
+  EXPECT_GT(rows[3].max_alpha_s, 1e100);
+  TuningTable t;
+  t.rows = rows;
+  EXPECT_EQ(t.lookup(CollType::kAllreduce, "tcp", 4, 8), "a");  // alpha 0 (the default)
+  auto m = t.match(CollType::kAllreduce, "tcp", 4, 8, 500e-6);   // 1 ms RTT: a is silent, c speaks
+  ASSERT_NE(m.row, nullptr);
+  EXPECT_EQ(m.row->algo, "c");
+  ASSERT_NE(m.other_line, nullptr);
+  EXPECT_EQ(m.other_line->algo, "a");
+  EXPECT_EQ(t.match(CollType::kAllreduce, "tcp", 4, 8, 1e-3).row->algo, "b");  // [lo, hi): 1 ms is b's
+  EXPECT_EQ(t.match(CollType::kAllreduce, "tcp", 4, 8, 100e-6).row->algo, "c");
+  for (const char* bad : {"allreduce * * * a 100\n", "allreduce * * * a 1-2\n", "allreduce * * * a 5us-1us\n",
+                          "allreduce * * * a -\n", "allreduce * * * a 1hour-\n", "allreduce * * * a 1e3us-\n",
+                          "allreduce * * * a 0-1ms extra\n", "allreduce * * * a 50us\n", "allreduce * * * a 1-\n"})
+    EXPECT_THROW(parseTuning(bad, "t"), Error) << bad;
+}
+
 TEST(Tuning, RejectsBadRows) {
   EXPECT_THROW(parseTuning("allreduce tcp 2-4 0-1K\n", "t"), Error);
   EXPECT_THROW(parseTuning("allsum * * * ring\n", "t"), Error);
@@ -206,6 +236,23 @@ TEST(Select, TuningRowWinsWhereItSpeaks) {
   EXPECT_EQ(s.why, "t.tsv:1");
   EXPECT_NE(s.reason().find("tuning row t.tsv:1"), std::string::npos) << s.reason();
   EXPECT_EQ(s.candidates.size(), algorithmsOf(CollType::kAllreduce).size());
+}
+
+TEST(Select, RowsForAShortLineLeaveALongOneToTheCostModel) {
+  // The built-in table's allreduce rows hold for alpha < 100 us: at 1 ms RTT (alpha 500 us,
+  // 1 Gbit/s) the model picks, and recursive doubling's 2 messages beat halving-doubling's 4 at 64 KB.
+  TuningTable t = TuningTable::fromEnvironment();
+  Calibration lan = Calibration::builtin(), zones = Calibration::builtin();
+  zones.parse("tcp 5e-4 8e-9 2.5e-10\n", "zones");
+  auto q = query(CollType::kAllreduce, 64 << 10, 4, "tcp");
+  Selection near = selectAlgorithm(q, t, lan, true);
+  EXPECT_EQ(near.source, PickSource::kTuning);
+  EXPECT_STREQ(near.pick->name, "halving_doubling");
+  Selection far = selectAlgorithm(q, t, zones, true);
+  EXPECT_EQ(far.source, PickSource::kCostModel);
+  EXPECT_STREQ(far.pick->name, "recursive_doubling");
+  EXPECT_NE(far.reason().find("measured for another line"), std::string::npos) << far.reason();
+  EXPECT_NE(far.reason().find("500 us"), std::string::npos) << far.reason();
 }
 
 TEST(Select, CostModelPicksTheCheapestWhereTheTableIsSilent) {

@@ -171,6 +171,22 @@ void TcpTransport::configure(int fd) {
     int b = static_cast<int>(bufsize_);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+    // What the kernel allowed: it doubles the request (bookkeeping) and caps it at
+    // net.core.wmem_max / rmem_max; a cap below the ask is said once per transport.
+    int snd = 0, rcv = 0;
+    socklen_t len = sizeof snd;
+    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, &len);
+    len = sizeof rcv;
+    getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len);
+    if (!bufsize_reported_) {
+      bufsize_reported_ = true;
+      if (snd / 2 < b || rcv / 2 < b)
+        HARP_WARN("HARP_SOCKET_BUFSIZE=%d: the kernel allowed SO_SNDBUF %d and SO_RCVBUF %d bytes (capped by "
+                  "net.core.wmem_max / rmem_max; raise them to at least %d)", b, snd / 2, rcv / 2, b);
+      else
+        HARP_INFO("HARP_SOCKET_BUFSIZE=%d: the kernel allowed SO_SNDBUF %d and SO_RCVBUF %d bytes", b, snd / 2,
+                  rcv / 2);
+    }
   }
   if (!congestion_.empty()) setCongestion(fd, congestion_);
 }

@@ -189,6 +189,7 @@ class TcpTransport : public Transport {
   int nstreams_ = 1;       // HARP_SOCKET_NSTREAMS as a number; 0: auto
   int auto_max_ = 8;       // auto: most lanes probed
   size_t stripe_min_, chunk_, lowat_, bufsize_;
+  bool bufsize_reported_ = false;
   std::string congestion_;
   std::string fault_;        // HARP_TCP_FAULT (test hook), "" normally
   bool fault_done_ = false;
