@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.abspath(os.path.join(HERE, "..", "python"))
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, os.path.join(HERE, "vpc"))
-from stamp import stamp  # noqa: E402
+from stamp import stamp, write_record  # noqa: E402
 
 # "coalesced": the defaults (HARP_COALESCE=sg, one list schedule, no copies); "fused": HARP_COALESCE=fuse
 # with its defaults; coalesced_F_A: fuse with HARP_FUSION_BYTES F (MB), HARP_FUSION_ALONE_BYTES A (KB)
@@ -59,6 +59,22 @@ FAMILIES = {"nccl": ["nccl_group", "nccl_separate"],                      # harp
 PAIRS = [("separate", "coalesced"), ("nccl_separate", "nccl_group"), ("torch_harp_separate", "torch_harp_coalesced"),
          ("torch_gloo_separate", "torch_gloo_coalesced"), ("mpi_separate", "mpi_nonblocking")]
 TOTAL = 32 << 20
+
+# The timing loop both workers share: a warm-up call per mode, then `iters` rounds of every mode in
+# turn, each after a barrier; each rank writes its times to <out>.rank<r>.
+TIMING_LOOP = r'''
+res = {m: [] for m in modes}
+for m in modes:
+    run(m)  # warm-up: connections, buffers
+for _ in range(iters):
+    for m in modes:
+        barrier()
+        a = time.perf_counter()
+        run(m)
+        res[m].append(time.perf_counter() - a)
+with open(f"{out}.rank{rank}", "w") as f:
+    json.dump({"times_s": res}, f)
+'''
 
 WORKER = r'''
 import json, os, sys, time
@@ -122,18 +138,8 @@ def run(mode):
             calls.fusion.set_sizes()  # the defaults (HARP_FUSION_BYTES, HARP_FUSION_ALONE_BYTES)
         comm.allreduce_coalesced(ts)
 
-res = {m: [] for m in modes}
-for m in modes:
-    run(m)  # warm-up: connections, buffers
-for _ in range(iters):
-    for m in modes:
-        comm.barrier()
-        a = time.perf_counter()
-        run(m)
-        res[m].append(time.perf_counter() - a)
-with open(f"{out}.rank{comm.rank}", "w") as f:
-    json.dump({"times_s": res}, f)
-if any(m.startswith("torch_") for m in modes):
+barrier, rank = comm.barrier, comm.rank
+''' + TIMING_LOOP + r'''if any(m.startswith("torch_") for m in modes):
     dist.destroy_process_group()
 comm.destroy()
 '''
@@ -156,18 +162,8 @@ def run(mode):
     else:
         MPI.Request.Waitall([w.Iallreduce(MPI.IN_PLACE, t) for t in ts])
 
-res = {m: [] for m in modes}
-for m in modes:
-    run(m)
-for _ in range(iters):
-    for m in modes:
-        w.Barrier()
-        a = time.perf_counter()
-        run(m)
-        res[m].append(time.perf_counter() - a)
-with open(f"{out}.rank{w.rank}", "w") as f:
-    json.dump({"times_s": res}, f)
-'''
+barrier, rank = w.Barrier, w.rank
+''' + TIMING_LOOP + r''''''
 
 
 def tensor_sizes(n=64, lo=4 << 10, hi=2 << 20, total=TOTAL):
@@ -312,11 +308,7 @@ def main():
               "tensor_bytes": sizes,
               "total_bytes": sum(sizes)}
     (arena if a.where == "arena" else local)(a, tmp, env, sizes, record)
-    record["stamp_after"] = stamp()
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"# wrote {a.out}")
+    write_record(a.out, record)
 
 
 if __name__ == "__main__":

@@ -22,3 +22,13 @@ def stamp():
                 break
     return {"commit": commit, "dirty": dirty, "cpu": cpu, "cores": os.cpu_count(),
             "loadavg": list(os.getloadavg()), "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+
+
+def write_record(path, record):
+    """Stamp `record` ("stamp_after"), write it to `path` as indented JSON (folders made), say where."""
+    import json
+    record["stamp_after"] = stamp()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"# wrote {path}")

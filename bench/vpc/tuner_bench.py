@@ -18,7 +18,6 @@ tuner picks with that calibration, and HARP / gloo, HARP / MPI. One JSON, stampe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -31,7 +30,7 @@ sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (run_lib, worker_args, time_of; puts python/ on the path)
 from harp.cluster import net  # noqa: E402
 import linkrate  # noqa: E402
-from stamp import stamp  # noqa: E402
+from stamp import stamp, write_record  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 SWEEPS = [  # (min bytes, max bytes, factor, iterations, warm-up)
@@ -154,11 +153,7 @@ def main():
                   f"{[r['size'] for r in rows if r['auto_over_best'] > 1.05]}", flush=True)
         finally:
             net.down(st)
-    record["stamp_after"] = stamp()
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"# wrote {a.out}")
+    write_record(a.out, record)
 
 
 if __name__ == "__main__":
