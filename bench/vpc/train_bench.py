@@ -134,7 +134,7 @@ def launchers(a, name, hosts):
 
 
 def _common(a):
-    return ["--width", str(a.width)] if a.width else []
+    return (["--width", str(a.width)] if a.width else []) + (["--batch", str(a.batch)] if a.batch else [])
 
 
 def bucket_caps(a, name, hosts):
@@ -230,6 +230,7 @@ def main():
     ap.add_argument("--compress", default="", help="e.g. 'topk:0.01!' (comm hook study, with --seeds)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--width", type=int, default=0, help="ddp_train.py --width (0: its default)")
+    ap.add_argument("--batch", type=int, default=0, help="ddp_train.py --batch, samples per rank (0: its default, 16)")
     ap.add_argument("--ppn", type=int, default=1, help="ranks per host for --hier")
     ap.add_argument("--hier", action="store_true",
                     help="DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
