@@ -112,6 +112,10 @@ int Handshake::take(int peer, int index) {
     if (it != m->end() && it->second >= 0) {
       int fd = it->second;
       it->second = -1;
+      --untaken_;
+      if (cfg_.keep_going) m->erase(it);  // lazy set-up: taken for good, a second hello is refused
+      watch_.erase(std::remove_if(watch_.begin(), watch_.end(), [fd](auto& w) { return w.first == fd; }),
+                   watch_.end());
       return fd;
     }
   }
@@ -202,7 +206,8 @@ bool Handshake::stepOutgoing(Conn& c) {
     return true;
   }
   done_out_[{c.peer, c.index}] = c.fd;
-  watch_.push_back({c.fd, c.peer});
+  ++untaken_;
+  if (!cfg_.keep_going) watch_.push_back({c.fd, c.peer});
   c.fd = -1;
   return false;
 }
@@ -266,7 +271,8 @@ bool Handshake::stepIncoming(Conn& c) {
   int& slot = expected_[{c.peer, c.index}];
   if (slot >= 0) return refuse(c, "a second authenticated connection for the same socket"), false;
   slot = c.fd;
-  watch_.push_back({c.fd, c.peer});
+  ++untaken_;
+  if (!cfg_.keep_going) watch_.push_back({c.fd, c.peer});
   c.fd = -1;
   return false;
 }
@@ -337,11 +343,53 @@ void Handshake::timeout(Deadline) {
 
 void Handshake::run(int listen_fd, Deadline dl) {
   if (listen_fd >= 0) ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
-  std::vector<pollfd> pfds;
   for (;;) {
     bool awaiting = std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return e.second < 0; });
     if (!awaiting && out_.empty()) break;
     if (dl.passed()) timeout(dl);
+    turn(listen_fd, std::max(0, std::min(dl.remainingMs(), 50)), awaiting);
+  }
+}
+
+void Handshake::step(int listen_fd) {
+  bool awaiting = std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return e.second < 0; });
+  if (awaiting || !out_.empty() || !pending_.empty()) turn(listen_fd, 0, awaiting);
+}
+
+void Handshake::addPollFds(int listen_fd, std::vector<pollfd>& out) const {
+  if (listen_fd >= 0 && Clock::now() >= accept_paused_until_) out.push_back({listen_fd, POLLIN, 0});
+  for (const Conn* c : out_)
+    if (c->state != 2) out.push_back({c->fd, short(c->state == 0 ? POLLOUT : POLLIN), 0});
+  for (const Conn* c : pending_) out.push_back({c->fd, POLLIN, 0});
+}
+
+bool Handshake::busy() const { return !out_.empty() || !pending_.empty() || untaken_ > 0; }
+
+bool Handshake::retryDue() const {
+  for (const Conn* c : out_)
+    if (c->state == 2) return true;
+  return false;
+}
+
+std::vector<std::pair<int, int>> Handshake::ready() const {
+  std::vector<std::pair<int, int>> r;
+  for (auto* m : {&expected_, &done_out_})
+    for (auto& [k, fd] : *m)
+      if (fd >= 0) r.push_back(k);
+  return r;
+}
+
+std::vector<std::pair<int, std::string>> Handshake::takeFailures() {
+  std::vector<std::pair<int, std::string>> f;
+  f.swap(failures_);
+  return f;
+}
+
+// One round of the driver: retire stale pending connections, redial, poll(2)
+// up to timeout_ms, step whatever is ready.
+void Handshake::turn(int listen_fd, int timeout_ms, bool awaiting) {
+  std::vector<pollfd> pfds;
+  {
     // Pending connections past their own deadline, dials due again.
     for (size_t i = 0; i < pending_.size();) {
       if (secondsSince(pending_[i]->started) < conn_timeout_s_) { ++i; continue; }
@@ -349,17 +397,25 @@ void Handshake::run(int listen_fd, Deadline dl) {
       delete pending_[i];
       pending_.erase(pending_.begin() + i);
     }
-    for (Conn* c : out_)
-      if (c->state == 2 && Clock::now() >= c->retry_at) startDial(*c);
+    for (Conn*& c : out_)
+      if (c->state == 2 && Clock::now() >= c->retry_at) {
+        try {
+          startDial(*c);
+        } catch (const Error& e) {
+          if (!cfg_.keep_going) throw;
+          failed(c, e.what());
+        }
+      }
+    out_.erase(std::remove(out_.begin(), out_.end(), nullptr), out_.end());
     pfds.clear();
     bool listen_on = awaiting && listen_fd >= 0 && Clock::now() >= accept_paused_until_;
     pfds.push_back({listen_on ? listen_fd : -1, POLLIN, 0});
     for (Conn* c : out_) pfds.push_back({c->state == 2 ? -1 : c->fd, short(c->state == 0 ? POLLOUT : POLLIN), 0});
     for (Conn* c : pending_) pfds.push_back({c->fd, POLLIN, 0});
     for (auto& w : watch_) pfds.push_back({w.first, POLLIN, 0});
-    int rc = ::poll(pfds.data(), pfds.size(), std::max(0, std::min(dl.remainingMs(), 50)));
+    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
     if (rc < 0 && errno != EINTR) throw ErrnoError(cfg_.transport + " transport: poll", errno);
-    if (rc <= 0) continue;
+    if (rc <= 0) return;
     size_t at = 1;
     std::vector<Conn*> keep;
     // A finished Conn is freed and its slot nulled at once: when a later Conn
@@ -368,7 +424,15 @@ void Handshake::run(int listen_fd, Deadline dl) {
     // of whatever reused the fd number, after a peer died during set-up).
     for (Conn*& c : out_) {
       bool ready = pfds[at++].revents != 0;
-      if (!ready || stepOutgoing(*c)) keep.push_back(c);
+      bool more = true;
+      try {
+        more = !ready || stepOutgoing(*c);
+      } catch (const Error& e) {
+        if (!cfg_.keep_going) throw;
+        failed(c, e.what());
+        continue;
+      }
+      if (more) keep.push_back(c);
       else delete c, c = nullptr;
     }
     out_.swap(keep);
@@ -393,6 +457,14 @@ void Handshake::run(int listen_fd, Deadline dl) {
     watch_.swap(still);
     if (pfds[0].revents) acceptNew(listen_fd);
   }
+}
+
+// keep_going: a dial that failed for good is reported (takeFailures), not thrown.
+void Handshake::failed(Conn*& c, const std::string& why) {
+  failures_.push_back({c->peer, why});
+  if (c->fd >= 0) ::close(c->fd);
+  delete c;
+  c = nullptr;
 }
 
 }  // namespace harp::transport

@@ -34,9 +34,11 @@
 // shed it under load); an authenticated connection that closes while set-up
 // is still running raises PeerError naming the peer.
 //
-// Threading: one Handshake per transport connect(), used by that thread only.
+// Threading: one Handshake per transport connect(), used by that thread only
+// (lazy set-up: by whoever holds the transport's drive lock).
 #pragma once
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cstdint>
@@ -61,6 +63,14 @@ class Handshake {
     // Optional check of a freshly accepted / connected socket before any byte
     // is exchanged (shm: SO_PEERCRED). Return "" to go on, or why it is refused.
     std::function<std::string(int fd)> vet;
+    // Lazy set-up (a transport that connects on first use, tcp's
+    // HARP_SOCKET_CONNECT=lazy): the Handshake lives as long as the transport
+    // and is driven by step() from its progress and wait. A dial that fails for
+    // good (a peer not listening, one that fails to prove itself) is reported by
+    // takeFailures() instead of thrown; take() forgets the key, so a second hello
+    // for it is refused; authenticated sockets are not watched for EOF (the
+    // transport takes them at once).
+    bool keep_going = false;
   };
 
   explicit Handshake(Config cfg);
@@ -79,6 +89,18 @@ class Handshake {
   void run(int listen_fd, Deadline dl);
   // The authenticated socket (non-blocking, CLOEXEC); ownership passes to the caller.
   int take(int peer, int index);
+
+  // Lazy set-up (Config::keep_going): one round of the driver without blocking;
+  // the fds to poll(2) beside the transport's own (listen_fd: -1 for none);
+  // whether a dial waits to be retried (the caller then polls briefly); the
+  // (peer, index) pairs authenticated and not yet taken; the dials that failed
+  // for good since the last call, as (peer, why).
+  void step(int listen_fd);
+  void addPollFds(int listen_fd, std::vector<pollfd>& out) const;
+  bool retryDue() const;
+  bool busy() const;  // dials or incoming hellos in flight, or sockets not yet taken
+  std::vector<std::pair<int, int>> ready() const;
+  std::vector<std::pair<int, std::string>> takeFailures();
 
   // Wire sizes (tests and PROTOCOL.md).
   static constexpr uint32_t kMagic = 0x31485048;  // "HPH1"
@@ -100,6 +122,8 @@ class Handshake {
   void shedOldestPending(const char* why);
   void logRefusal(const std::string& text);
   [[noreturn]] void timeout(Deadline dl);
+  void turn(int listen_fd, int timeout_ms, bool awaiting);
+  void failed(Conn*& c, const std::string& why);
 
   Config cfg_;
   std::vector<Conn*> out_;                   // dials
@@ -107,6 +131,8 @@ class Handshake {
   std::map<Key, int> expected_;              // -> fd once authenticated, -1 before
   std::map<Key, int> done_out_;              // dial results
   std::vector<std::pair<int, int>> watch_;   // (fd, peer): authenticated, watched for EOF
+  std::vector<std::pair<int, std::string>> failures_;  // keep_going: (peer, why) of dials given up
+  size_t untaken_ = 0;                       // authenticated sockets not yet take()n
   double conn_timeout_s_, refused_s_;
   size_t max_pending_;
   long long refusals_ = 0, logged_ = 0;

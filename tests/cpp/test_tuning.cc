@@ -153,7 +153,7 @@ TEST(Registry, IndexIsThePositionByName) {
       EXPECT_EQ(findAlgorithm(static_cast<CollType>(c), list[i]->name), list[i]);
     }
   }
-  EXPECT_EQ(algorithmList(CollType::kAllreduce), "halving_doubling, leader, rail, recursive_doubling, ring, shm");
+  EXPECT_EQ(algorithmList(CollType::kAllreduce), "halving_doubling, leader, rail, recursive_doubling, ring, shm, tree");
   EXPECT_EQ(findAlgorithm(CollType::kAllreduce, "nope"), nullptr);
 }
 

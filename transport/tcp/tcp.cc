@@ -22,7 +22,12 @@
 // "tcp|<comm id>|<connector>|<acceptor>|<lane>"), run for all lanes at once. A
 // connection that fails it is refused and logged; nothing else is ever read
 // from it. Then both ends exchange a LaneHello on lane 0 (lane count and chunk
-// size; a disagreement fails connect naming the peer).
+// size; a disagreement fails connect naming the peer). HARP_SOCKET_CONNECT=lazy
+// (auto: from HARP_SOCKET_LAZY_RANKS ranks) does the same per pair on its first
+// message instead of at connect(), driven from progress() and wait(): a rank
+// holds sockets only to the peers its algorithms talk to (ring: 2; recursive
+// doubling: log2 p; a rooted call's descriptor check: all). A peer that never
+// dials is only found by the keep-alive or the call's timeout.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -34,6 +39,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "base/env.h"
 #include "base/log.h"
@@ -112,6 +118,7 @@ TcpTransport::TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& pe
 
 TcpTransport::~TcpTransport() {
   for (auto& [peer, p] : pairs_) {
+    if (!p->up_) continue;  // lazy set-up: never connected (its sockets, if any, close with it)
     if (!p->failed_) p->pushHeld(true);  // lazy sends still held go before the goodbye
     if (!p->failed_ && !p->busy()) p->sendControl(kBye, "");
     for (auto& l : p->lanes_)
@@ -192,23 +199,45 @@ void TcpTransport::configure(int fd) {
 }
 
 // Both ends tell each other their lane count and chunk size on lane 0.
+std::string TcpTransport::checkHello(TcpPair& p, const LaneHello& theirs, bool* local) {
+  *local = false;
+  if (theirs.magic != kHelloMagic) return "bad lane hello from " + p.who() + " (another HARP version?)";
+  if (theirs.lanes != p.lanes_.size()) {
+    *local = true;
+    return "TCP lanes disagree with " + p.who() + ": " + std::to_string(p.lanes_.size()) + " here, " +
+           std::to_string(theirs.lanes) + " there (set HARP_SOCKET_NSTREAMS alike on every rank)";
+  }
+  if (theirs.chunk < kMinChunk || theirs.chunk > kMaxChunk)
+    return "bad chunk size " + std::to_string(theirs.chunk) + " in the lane hello of " + p.who();
+  p.peer_chunk_ = theirs.chunk;
+  return "";
+}
+
 void TcpTransport::exchangeHello(TcpPair& p, Deadline dl) {
   LaneHello mine{kHelloMagic, static_cast<uint32_t>(p.lanes_.size()), chunk_}, theirs{};
   int fd = p.lanes_[0].fd;
   sendAll(fd, &mine, sizeof mine, dl, p.who());
   if (!recvAll(fd, &theirs, sizeof theirs, dl, p.who()))
     throw Error(Error::kPeerFailure, p.who() + " closed its TCP connection during the lane hello");
-  if (theirs.magic != kHelloMagic)
-    throw Error(Error::kPeerFailure, "bad lane hello from " + p.who() + " (another HARP version?)");
-  if (theirs.lanes != mine.lanes)
-    throw InvalidArgument("TCP lanes disagree with " + p.who() + ": " + std::to_string(mine.lanes) + " here, " +
-                          std::to_string(theirs.lanes) + " there (set HARP_SOCKET_NSTREAMS alike on every rank)");
-  if (theirs.chunk < kMinChunk || theirs.chunk > kMaxChunk)
-    throw Error(Error::kPeerFailure, "bad chunk size " + std::to_string(theirs.chunk) + " in the lane hello of " + p.who());
-  p.peer_chunk_ = theirs.chunk;
+  bool local = false;
+  std::string why = checkHello(p, theirs, &local);
+  if (!why.empty()) {
+    if (local) throw InvalidArgument(why);
+    throw Error(Error::kPeerFailure, why);
+  }
+}
+
+// HARP_SOCKET_CONNECT: eager (every pair at connect), lazy (on first use), auto
+// (lazy from HARP_SOCKET_LAZY_RANKS ranks).
+static bool connectLazily(int size) {
+  std::string m = env::str("HARP_SOCKET_CONNECT");
+  if (m == "lazy") return true;
+  if (m == "eager") return false;
+  return size >= env::integer("HARP_SOCKET_LAZY_RANKS");
 }
 
 void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std::string>& remote) {
+  if (connectLazily(info_.size)) return connectLazy(peers, remote);
   Deadline dl = Deadline::after(info_.timeout_s);
   for (int p : peers) pairs_[p] = std::make_unique<TcpPair>(this, p, lanesFor(p));
   Handshake::Config cfg;
@@ -251,18 +280,149 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
   }
 }
 
+// ---- lazy set-up ------------------------------------------------------------
+// Pairs exist from the start, without sockets; the listener stays open and
+// awaits every higher peer; a pair's first post dials a lower peer. The
+// handshake (transport/handshake.h, keep_going) and the lane hellos run from
+// progress() and wait(), so a rank serves its peers' dials whenever it is
+// inside any call. A dial that fails for good fails the pair's requests.
+// HARP_SOCKET_NSTREAMS=auto is not probed here: such pairs get one lane.
+void TcpTransport::connectLazy(const std::vector<int>& peers, const std::vector<std::string>& remote) {
+  lazy_ = true;
+  Handshake::Config cfg;
+  cfg.transport = "tcp";
+  cfg.key = info_.token;
+  cfg.comm_id = info_.comm_id;
+  cfg.rank = info_.rank;
+  cfg.rank_name = [this](int r) { return rankName(r); };
+  cfg.keep_going = true;
+  lazy_hs_ = std::make_unique<Handshake>(cfg);
+  ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    int p = peers[i], n = nstreams_ > 0 ? nstreams_ : 1;
+    auto pr = std::make_unique<TcpPair>(this, p, n);
+    pr->up_ = false;
+    if (p < info_.rank) rails_of_[p] = parseRails(remote[i]);
+    else
+      for (int k = 0; k < n; ++k) lazy_hs_->expect(p, k);
+    pairs_[p] = std::move(pr);
+  }
+  HARP_INFO("tcp: rank %d connects to its %zu peers on first use (HARP_SOCKET_CONNECT)", info_.rank, peers.size());
+}
+
+// Under drive_mu_ (TcpPair::isend/irecv).
+void TcpTransport::dialPeer(TcpPair& p) {
+  p.dialed_ = true;
+  try {
+    const std::vector<SockAddr>& rails = rails_of_.at(p.peer_);
+    for (size_t k = 0; k < p.lanes_.size(); ++k) {
+      const SockAddr& a = rails[k % rails.size()];
+      lazy_hs_->dial(p.peer_, static_cast<int>(k), a.ss, a.len, a.str());
+    }
+  } catch (const Error& e) {
+    p.failAll(Request::kPeerFailure, std::string("connecting to ") + p.who() + ": " + e.what());
+  }
+}
+
+bool TcpTransport::readHello(TcpPair& p) {
+  const size_t want = sizeof(LaneHello);
+  while (p.hello_in_.size() < want) {
+    char b[sizeof(LaneHello)];
+    ssize_t r = ::recv(p.lanes_[0].fd, b, want - p.hello_in_.size(), MSG_DONTWAIT);
+    if (r > 0) {
+      p.hello_in_.append(b, static_cast<size_t>(r));
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    p.failAll(Request::kPeerFailure, p.who() + " closed its TCP connection during the lane hello");
+    return true;
+  }
+  LaneHello theirs;
+  std::memcpy(&theirs, p.hello_in_.data(), want);
+  bool local = false;
+  std::string why = checkHello(p, theirs, &local);
+  if (!why.empty()) {
+    p.failAll(local ? Request::kLocal : Request::kPeerFailure, why);
+    return true;
+  }
+  if (p.lanes_.size() > 1 && lowat_) {
+    int v = static_cast<int>(std::min<size_t>(lowat_, 1u << 30));
+    for (auto& l : p.lanes_) setsockopt(l.fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
+  }
+  p.up_ = true;
+  ++lazy_up_;
+  HARP_INFO("tcp: rank %d to %s: %zu lane(s), connected on first use (%zu of %zu peers)", info_.rank,
+            rankName(p.peer_).c_str(), p.lanes_.size(), lazy_up_, pairs_.size());
+  return true;
+}
+
+// Under drive_mu_.
+bool TcpTransport::serviceConnections() {
+  if (!lazy_hs_ || aborted_) return false;
+  bool moved = false;
+  try {
+    lazy_hs_->step(listen_fd_);
+  } catch (const Error& e) {  // poll failing: every pair still waiting for its connection learns why
+    for (auto& [peer, p] : pairs_)
+      if (!p->up_ && !p->failed_) p->failAll(Request::kLocal, e.what());
+    return true;
+  }
+  for (auto& [peer, why] : lazy_hs_->takeFailures()) {
+    auto it = pairs_.find(peer);
+    if (it != pairs_.end()) it->second->failAll(Request::kPeerFailure, why), moved = true;
+  }
+  std::map<int, size_t> ready;
+  for (auto& k : lazy_hs_->ready()) ++ready[k.first];
+  for (auto& [peer, n] : ready) {
+    auto it = pairs_.find(peer);
+    if (it == pairs_.end()) continue;
+    TcpPair& p = *it->second;
+    if (p.up_ || p.hello_sent_ || n < p.lanes_.size()) continue;
+    for (size_t k = 0; k < p.lanes_.size(); ++k) p.lanes_[k].fd = lazy_hs_->take(peer, static_cast<int>(k));
+    moved = true;
+    if (p.failed_) continue;  // failed meanwhile: the sockets close with the pair
+    try {
+      for (auto& l : p.lanes_) configure(l.fd);
+      // Ours now (a fresh socket takes 16 bytes at once); theirs as it comes.
+      LaneHello mine{kHelloMagic, static_cast<uint32_t>(p.lanes_.size()), chunk_};
+      sendAll(p.lanes_[0].fd, &mine, sizeof mine, Deadline::after(std::min(5.0, info_.timeout_s)), p.who());
+    } catch (const Error& e) {
+      p.failAll(Request::kPeerFailure, e.what());
+      continue;
+    }
+    p.hello_sent_ = true;
+    hello_wait_.push_back(&p);
+  }
+  for (size_t i = 0; i < hello_wait_.size();) {
+    TcpPair* p = hello_wait_[i];
+    if (p->failed_ || readHello(*p)) {
+      moved = true;
+      hello_wait_.erase(hello_wait_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+  return moved;
+}
+
 bool TcpTransport::progress() {
   std::lock_guard<std::mutex> drive(drive_mu_);
   if (abort_requested_.load(std::memory_order_relaxed)) doAbort();
+  // Lazy set-up: handshakes in flight are stepped every time; the listener alone
+  // (a new dial) every 64th call, and in every wait().
   bool moved = false;
-  for (auto& [peer, p] : pairs_) moved |= p->progress();
+  if (lazy_ && (lazy_hs_->busy() || !hello_wait_.empty() || (++lazy_polls_ & 63) == 0)) moved = serviceConnections();
+  for (auto& [peer, p] : pairs_)
+    if (p->up_) moved |= p->progress();
   return moved;
 }
 
 // Push the lazy sends the lanes hold (Request::lazy).
 void TcpTransport::flushLocked() {
   if (!any_held_.exchange(false, std::memory_order_relaxed)) return;
-  for (auto& [peer, p] : pairs_) p->pushHeld();
+  for (auto& [peer, p] : pairs_)
+    if (p->up_) p->pushHeld();
 }
 
 void TcpTransport::flush() {
@@ -276,14 +436,15 @@ void TcpTransport::wait(int timeout_ms) {
   if (abort_requested_.load()) doAbort();
   // Frames already read ahead (tcp.h, Lane::ahead) are no poll(2) event.
   bool ahead = false;
-  for (auto& [peer, p] : pairs_) ahead |= p->readAhead();
+  for (auto& [peer, p] : pairs_)
+    if (p->up_) ahead |= p->readAhead();
   if (ahead) return;
   std::vector<pollfd> pfds;
   std::vector<std::pair<TcpPair*, size_t>> who;
   pfds.push_back({wake_fd_, POLLIN, 0});
   who.push_back({nullptr, 0});
   for (auto& [peer, p] : pairs_) {
-    if (p->failed_) continue;
+    if (p->failed_ || !p->up_) continue;
     for (size_t i = 0; i < p->lanes_.size(); ++i) {
       short ev = (p->wantsIn(i) ? POLLIN : 0) | (p->wantsOut(i) ? POLLOUT : 0);
       if (!ev) continue;
@@ -294,8 +455,20 @@ void TcpTransport::wait(int timeout_ms) {
   // Lazy sends wait while this rank waits briefly (a peer that needs them
   // blocks longer); a wait of more than kLazyHoldMs pushes them and returns.
   const bool held = any_held_.load(std::memory_order_relaxed);
+  // Lazy set-up: the listener, the handshakes in flight and the lane hellos due.
+  const size_t lanes_end = pfds.size();
+  if (lazy_hs_ && !aborted_) {
+    lazy_hs_->addPollFds(listen_fd_, pfds);
+    for (TcpPair* p : hello_wait_) pfds.push_back({p->lanes_[0].fd, POLLIN, 0});
+    if (lazy_hs_->retryDue()) timeout_ms = std::min(timeout_ms, 20);
+  }
   int r = ::poll(pfds.data(), pfds.size(), held ? std::min(timeout_ms, kLazyHoldMs) : timeout_ms);
   if (r == 0 && held) flushLocked();
+  if (lazy_hs_ && (r > 0 || lazy_hs_->retryDue())) {
+    bool set_up = false;
+    for (size_t i = lanes_end; i < pfds.size(); ++i) set_up |= pfds[i].revents != 0;
+    if (set_up || lazy_hs_->retryDue()) serviceConnections();
+  }
   if (r <= 0) return;
   if (pfds[0].revents) {
     uint64_t v;
@@ -304,7 +477,7 @@ void TcpTransport::wait(int timeout_ms) {
   }
   // Readable lanes are read now (notices and EOF of idle lanes, headers that
   // wait for their receive); progress() does the rest.
-  for (size_t i = 1; i < pfds.size(); ++i)
+  for (size_t i = 1; i < lanes_end; ++i)
     if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) who[i].first->readIdle(who[i].second);
 }
 
@@ -315,6 +488,7 @@ std::string TcpTransport::abortNotice() {
   TcpPair* who[64];
   int n = 0;
   for (auto& [peer, p] : pairs_) {
+    if (!p->up_) continue;
     p->readAhead();
     if (!p->abort_text_.empty()) return p->abort_text_;
     if (!p->wantsIn(0) || p->lanes_[0].fd < 0) continue;
@@ -361,6 +535,12 @@ void TcpTransport::doAbort() {
     // notice and its reason, e.g. a collective mismatch).
     for (auto& l : p->lanes_)
       if (l.fd >= 0) ::shutdown(l.fd, SHUT_WR);
+  }
+  // Lazy set-up: peers that dial now are refused at once and report this rank failed
+  // (HARP_HANDSHAKE_REFUSED_S) instead of waiting for a handshake nobody drives.
+  if (lazy_ && listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    listen_fd_ = -1;
   }
 }
 

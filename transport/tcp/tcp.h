@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bootstrap/socket.h"
+#include "transport/handshake.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 
@@ -120,6 +121,13 @@ class TcpPair : public Pair {
   uint64_t peer_chunk_ = 0;  // from the peer's lane hello
   bool failed_ = false;
   std::string fail_reason_;
+  // Lazy set-up (HARP_SOCKET_CONNECT=lazy): false until the lanes are
+  // authenticated and the lane hellos exchanged; requests posted before wait
+  // in the queues. dialed_: this rank (the higher) has started its dials.
+  bool up_ = true;
+  bool dialed_ = false;
+  bool hello_sent_ = false;
+  std::string hello_in_;      // the peer's lane hello, as far as read
   bool peer_closed_ = false;  // peer said goodbye
   bool peer_gone_ = false;    // connection lost or peer aborted: no notice to send
   std::string abort_text_;    // the peer's abort notice, once read
@@ -182,6 +190,8 @@ class TcpTransport : public Transport {
   bool sameHost(int peer) const;
   int lanesFor(int peer) const;  // lanes to open to `peer`
   void exchangeHello(TcpPair& p, Deadline dl);
+  // The peer's lane hello against ours: "" when they agree, else why not.
+  std::string checkHello(TcpPair& p, const tcpwire::LaneHello& theirs, bool* local);
   int probe(TcpPair& p, Deadline dl);  // tcp_probe.cc: lanes to keep (both ends agree)
 
   CommInfo info_;
@@ -198,6 +208,20 @@ class TcpTransport : public Transport {
   friend class TcpPair;  // isend/irecv post under drive_mu_
   void configure(int fd);
   void doAbort();
+  // Lazy set-up: connect(), dials on a pair's first post (the higher rank dials,
+  // as in the eager set-up), and the handshakes and lane hellos driven from
+  // progress() and wait() (under drive_mu_). True from serviceConnections when a
+  // pair came up or failed.
+  void connectLazy(const std::vector<int>& peers, const std::vector<std::string>& remote);
+  void dialPeer(TcpPair& p);
+  bool serviceConnections();
+  bool readHello(TcpPair& p);
+  bool lazy_ = false;
+  std::unique_ptr<Handshake> lazy_hs_;
+  std::map<int, std::vector<SockAddr>> rails_of_;  // lazy: lower peers' published addresses
+  std::vector<TcpPair*> hello_wait_;               // lazy: pairs whose peer's lane hello is still due
+  size_t lazy_up_ = 0;                             // lazy: pairs up (for the log)
+  unsigned lazy_polls_ = 0;                        // lazy: progress() calls (the listener's turn)
   int listen_fd_ = -1;
   SockAddr listen_addr_;
   std::vector<SockAddr> rails_;  // HARP_SOCKET_IFNAME with several interfaces: one address per NIC

@@ -70,6 +70,7 @@ void TcpPair::dropLanes(int keep) {
 void TcpPair::isend(Request* r) {
   std::lock_guard<std::mutex> drive(t_->drive_mu_);  // vs. abort() from the keep-alive thread
   r->peer = peer_;
+  if (!up_ && !dialed_ && !failed_ && peer_ < t_->info_.rank) t_->dialPeer(*this);  // lazy set-up
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (peer_closed_) return r->fail(Request::kPeerFailure, who() + " has already closed its communicator");
   bool striped = lanes_.size() > 1 && r->len >= t_->stripe_min_;
@@ -82,6 +83,7 @@ void TcpPair::isend(Request* r) {
 void TcpPair::irecv(Request* r) {
   std::lock_guard<std::mutex> drive(t_->drive_mu_);  // vs. abort() from the keep-alive thread
   r->peer = peer_;
+  if (!up_ && !dialed_ && !failed_ && peer_ < t_->info_.rank) t_->dialPeer(*this);  // lazy set-up
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   slots_.emplace_back();
   slots_.back().req = r;

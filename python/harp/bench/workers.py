@@ -188,7 +188,7 @@ class HarpLib(Lib):
             c.reduce_scatter(send, recv, op, algo=self.algo)
             return recv
         if coll == "alltoall":
-            c.alltoall(send[:ns], send[:ns] if in_place else recv)
+            c.alltoall(send[:ns], send[:ns] if in_place else recv, algo=self.algo)
             return send if in_place else recv
         raise ValueError(coll)
 

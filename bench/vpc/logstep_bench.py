@@ -1,0 +1,144 @@
+"""Small allgather, reduce-scatter and alltoall across hosts at a round-trip time: HARP's own choice
+against its ring (pairwise for alltoall) and every log-step algorithm, forced; gloo and Open MPI
+beside; each measured time against the cost model's prediction for the algorithm that ran.
+
+    python3 bench/vpc/logstep_bench.py --hosts 8 --delay 500us --repeat 2 \\
+        --out bench/vpc/results/logstep-rtt1ms.json
+
+One arena (--hosts hosts x one rank, --rate, harp-cluster --delay: 500us one way = 1 ms RTT) comes
+up; scripts/calibrate.py --cluster measures the tcp line (alpha = half the round trip, beta) and its
+file is HARP_CALIBRATION_FILE for every HARP run, as a user who calibrated would have it. Per
+repetition and collective the harp-bench worker sweeps 8 B-64 KB (nccl-tests sizes: the largest
+buffer) once with HARP's choice ("auto"), once per forced algorithm, then gloo and MPI; every
+result is checked by the worker. Per size: the slowest rank's time (median over repetitions), the
+algorithm auto ran, the model's time for it (harp-config --explain with the same calibration:
+the tuner's own view of the call), measured / model (the goal: <= 1.1), ring / auto (goal at 8 B:
+>= 3) and HARP / gloo, HARP / MPI. One JSON, stamped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import arena_bench  # noqa: E402  (run_lib, worker_args, time_of; puts python/ on the path)
+from harp.bench import sweep  # noqa: E402
+from harp.cluster import net  # noqa: E402
+import linkrate  # noqa: E402
+from stamp import stamp, write_record  # noqa: E402
+from tuner_bench import calibrate  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+# collective -> (its ring-like baseline, the log-step algorithms)
+COLLS = {
+    "allgather": ("ring", ["bruck", "recursive_doubling"]),
+    "reduce_scatter": ("ring", ["recursive_halving", "bruck"]),
+    "alltoall": ("pairwise", ["bruck"]),
+}
+UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def predictions(calib, coll, hosts, size):
+    """{algorithm: predicted seconds} and the pick, from harp-config --explain (the count the
+    worker's describe() gives the tuner)."""
+    count = sweep.counts(coll, size, 4, hosts)[2]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HARP_CALIBRATION_FILE=calib)
+    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", coll, str(count * 4), "--ranks",
+                        str(hosts), "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
+    pred = {}
+    for m in re.finditer(r"^\s+(\w+)\s+.*?\s([\d.]+) (ns|us|ms|s)\s+(ok|failed.*)$", r.stdout, re.M):
+        pred[m.group(1)] = float(m.group(2)) * UNITS[m.group(3)]
+    pick = re.search(r"^pick: (\w+)", r.stdout, re.M)
+    if not pick:
+        raise RuntimeError(f"harp-config --explain {coll}: no pick: {r.stdout[-800:]} {r.stderr[-800:]}")
+    return pred, pick.group(1)
+
+
+def run_one(name, spec, hosts, tmp, tag, coll, algo, iters, timeout):
+    wa = arena_bench.worker_args(os.path.join(tmp, f"{tag}.json"), 8, 64 << 10, 2, iters, 5)
+    wa.update(coll=coll, algo=algo)
+    res = arena_bench.run_lib(name, spec, hosts, wa, timeout)
+    wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
+    if wrong:
+        raise RuntimeError(f"{tag}: {wrong} wrong values")
+    return {r["size"]: {"us": arena_bench.time_of(r), "algo": r.get("algo")} for r in res["rows"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="logstep")
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--delay", default="500us", help="one-way delay (harp-cluster --delay); 0 for none")
+    ap.add_argument("--colls", default=",".join(COLLS))
+    ap.add_argument("--libs", default="gloo,mpi", help="peers run beside HARP ('' for none)")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    peers = [x for x in a.libs.split(",") if x]
+    colls = [c for c in a.colls.split(",") if c]
+    tmp = tempfile.mkdtemp(prefix="logstep-bench-")
+    record = {"stamp_before": stamp(), "command": " ".join(sys.argv), "by_coll": {}}
+    st = net.up(a.name, a.hosts, rate=a.rate, delay=None if a.delay in ("0", "") else a.delay)
+    try:
+        calib = os.path.join(tmp, "calib.txt")
+        cal = calibrate(a.name, calib)
+        link = statistics.median(linkrate.measure(st, 1, 0) for _ in range(3))
+        record["cluster"] = {k: st.get(k) for k in ("hosts", "rate", "mtu", "delay_ns", "delay_line_ns",
+                                                     "rtt_asked_us", "rtt_measured_us")}
+        record.update(link_MBps=link, calibration=cal)
+        print(f"# {a.hosts} hosts, delay {a.delay}: RTT measured {(st.get('rtt_measured_us') or {}).get('median')}"
+              f" us; calibrated alpha {cal['alpha_s'] * 1e6:.0f} us, beta {cal['beta_s_per_byte'] * 1e9:.2f} ns/B;"
+              f" link {link:.1f} MB/s", flush=True)
+        harp_spec = "harp@HARP_CALIBRATION_FILE=" + calib
+        for coll in colls:
+            ring, logs = COLLS[coll]
+            variants = ["auto", ring] + logs + peers
+            runs = {k: [] for k in variants}
+            for rep in range(a.repeat):
+                for k in variants:
+                    spec = k if k in peers else harp_spec
+                    algo = None if k == "auto" or k in peers else k
+                    runs[k].append(run_one(a.name, spec, a.hosts, tmp, f"{coll}-{rep}-{k}", coll, algo, a.iters,
+                                           a.timeout))
+                    print(f"# {coll} rep {rep} {k}: " + ", ".join(
+                        f"{s}B {v['us']:.0f}us" for s, v in sorted(runs[k][-1].items())), flush=True)
+            rows = []
+            for s in sorted(runs["auto"][0]):
+                med = {k: statistics.median(r[s]["us"] for r in runs[k]) for k in variants}
+                ran = runs["auto"][0][s]["algo"]
+                pred, pick = predictions(calib, coll, a.hosts, s)
+                model = pred.get(ran)
+                row = {"size": s, "ran": ran, "pick": pick, "us": med,
+                       "spread_us": {k: (min(r[s]["us"] for r in runs[k]), max(r[s]["us"] for r in runs[k]))
+                                     for k in variants},
+                       "model_us": model * 1e6 if model else None, "predicted_us": {k: v * 1e6 for k, v in pred.items()},
+                       "auto_over_model": med["auto"] / (model * 1e6) if model else None,
+                       "ring_over_auto": med[ring] / med["auto"]}
+                for peer in peers:
+                    row[f"harp_over_{peer}"] = med["auto"] / med[peer]
+                rows.append(row)
+            record["by_coll"][coll] = {"runs": runs, "rows": rows, "stamp": stamp()}
+            print(f"## {coll}, {a.hosts} hosts x 1 rank, {a.rate}, one-way delay {a.delay}")
+            print(f"{'bytes':>7} {'ran':>18} {'auto us':>9} {'model us':>9} {'/model':>7} {ring + ' us':>12}"
+                  f" {'ring/auto':>9}" + "".join(f" {k[:12] + ' us':>15}" for k in logs + peers))
+            for r in rows:
+                print(f"{r['size']:>7} {r['ran']:>18} {r['us']['auto']:9.0f} {r['model_us'] or float('nan'):9.0f}"
+                      f" {r['auto_over_model'] or float('nan'):7.2f} {r['us'][ring]:12.0f} {r['ring_over_auto']:9.2f}"
+                      + "".join(f" {r['us'][k]:15.0f}" for k in logs + peers), flush=True)
+            write_record(a.out, record)
+    finally:
+        net.down(st)
+    write_record(a.out, record)
+
+
+if __name__ == "__main__":
+    main()

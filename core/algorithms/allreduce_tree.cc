@@ -1,0 +1,190 @@
+// Allreduce, pipelined double binary tree (NCCL's "tree" for any p): the
+// vector is cut in two halves; half 0 is reduced up and broadcast down tree A,
+// half 1 over tree B at the same time, each in segments so that every level
+// of a tree works at once.
+//
+// Trees: A is the in-order binary tree over ranks 1..p-1 (a rank's lowest set
+// bit b gives its subtree (r - b, r + b); children r - b/2 and the largest
+// r + b/2^k below p), hung under rank 0, which has one child. Leaves of A are
+// the odd ranks. B is A on virtual ranks v = p-1-r (p even, a mirror) or
+// v = r-1 mod p (p odd, a shift), so a leaf of A is an inner rank of B and the
+// reverse: each rank sends and receives about 2n in all, like the ring, but
+// over depth d = ceil(log2 p) hops instead of p - 1.
+//
+// Steps: each rank takes the steps k = 0 .. s-1+L in one order that all ranks
+// share (segment, phase, tree), its receives posted a window of steps ahead in
+// the same order: R(k) — wait for the children's segment k, reduce it into
+// recvbuf, send the sum to the parent — and D(k - L) — wait for the parent's
+// final segment, forward it to the children (the root forwards its own sum).
+// Because ranks send in the shared order and receive in it, the per-pair FIFO
+// of every transport matches them even where two ranks are linked in both
+// trees (p = 2, 4, ...); no step waits for a later one, so nothing deadlocks.
+// The lag L = 2d lets the reduce waves of later segments run while the first
+// broadcast waves come down.
+// Results: the root of each tree computes its half and broadcasts it, so every
+// rank ends bitwise identical.
+// Any p, any count, in place or not. Scratch: a ring of 2L + 5 segment
+// buffers per child (4 at most), bounded by the message.
+// Cost, s segments per half (n/2 over HARP_SEGMENT_BYTES, but at least 2d of
+// at least 16 KiB, so medium messages pipeline too):
+//   (s + 2d)·alpha + (1 + 2d/s)·(2n·beta + n·gamma)
+// Latency like halving-doubling's 2·log2 p for any p (no fold), bandwidth like
+// the ring's 2n; medium messages on many ranks at long round trips.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/reduce.h"
+#include "core/algorithms/registry.h"
+
+namespace harp {
+
+namespace {
+
+struct TreeLinks {
+  int parent = -1;
+  int child[2] = {-1, -1};
+};
+
+// The in-order binary tree on 0..p-1 described above, for virtual rank v.
+TreeLinks inorderTree(int v, int p) {
+  TreeLinks t;
+  if (p <= 1) return t;
+  auto children = [p](int u, int out[2]) {
+    out[0] = out[1] = -1;
+    if (u == 0) {
+      out[0] = floorPow2(p - 1);
+      return;
+    }
+    const int b = u & -u;
+    if (b >= 2) out[0] = u - b / 2;
+    for (int q = b / 2; q >= 1; q /= 2)
+      if (u + q < p) {
+        out[1] = u + q;
+        break;
+      }
+  };
+  children(v, t.child);
+  // Parent: descend from the root, going left below a node and right above it.
+  int cur = 0, up = -1;
+  while (cur != v) {
+    int c[2];
+    children(cur, c);
+    up = cur;
+    cur = (cur == 0 || v < cur) ? c[0] : c[1];
+    if (cur < 0) return t;  // unreachable for 0 <= v < p
+  }
+  t.parent = up;
+  return t;
+}
+
+// Tree t (0 = A, 1 = B) in real ranks, for real rank r.
+TreeLinks treeOf(int t, int r, int p) {
+  if (t == 0) return inorderTree(r, p);
+  auto toV = [p](int x) { return p % 2 == 0 ? p - 1 - x : (x - 1 + p) % p; };
+  auto toR = [p](int v) { return p % 2 == 0 ? p - 1 - v : (v + 1) % p; };
+  TreeLinks v = inorderTree(toV(r), p), out;
+  if (v.parent >= 0) out.parent = toR(v.parent);
+  for (int c = 0; c < 2; ++c)
+    if (v.child[c] >= 0) out.child[c] = toR(v.child[c]);
+  return out;
+}
+
+// Segments per half: HARP_SEGMENT_BYTES pieces, but at least 2d (down to 16 KiB
+// pieces) so that a medium message still fills the tree's levels at once.
+size_t treeSegments(double half_bytes, int d, size_t seg_bytes) {
+  const double by_seg = std::ceil(half_bytes / static_cast<double>(std::max<size_t>(seg_bytes, 1)));
+  const double fill = std::min<double>(2.0 * d, std::ceil(half_bytes / (16 << 10)));
+  return static_cast<size_t>(std::max({1.0, by_seg, fill}));
+}
+
+}  // namespace
+
+void allreduceTree(Context& ctx) {
+  const CollArgs& a = ctx.args();
+  const int p = ctx.size(), r = ctx.rank();
+  const size_t es = ctx.elemSize();
+  char* out = static_cast<char*>(a.recvbuf);
+  copyBytes(out, a.sendbuf, a.count * es);
+  if (p == 1 || a.count == 0) return;
+
+  const Blocks halves{a.count, 2};
+  const int lag = 2 * ceilLog2(p);  // both trees are ceil(log2 p) deep
+  const size_t s = treeSegments(static_cast<double>(halves.size(0) * es), ceilLog2(p), ctx.segmentBytes());
+  const TreeLinks tree[2] = {treeOf(0, r, p), treeOf(1, r, p)};
+  auto seg = [&](int t) { return Blocks{halves.size(t), s}; };
+  auto segOff = [&](int t, size_t j) { return halves.offset(t) + seg(t).offset(j); };
+  auto segLen = [&](int t, size_t j) { return seg(t).size(j); };
+
+  // Receives are posted `window` steps ahead of the step being taken, always in the
+  // shared order; a child's segments land in a ring of window + 1 segment buffers
+  // (slot j % slots is reused only after segment j was reduced).
+  const size_t window = 2 * static_cast<size_t>(lag) + 4, slots = std::min(s, window + 1);
+  const size_t seg_max = seg(0).size(0) * es;
+  size_t need = 0, base[2][2] = {};
+  for (int t = 0; t < 2; ++t)
+    for (int c = 0; c < 2; ++c)
+      if (tree[t].child[c] >= 0) base[t][c] = need, need += slots * seg_max;
+  char* tmp = static_cast<char*>(ctx.scratch(std::max<size_t>(need, 1)));
+  auto childBuf = [&](int t, int c, size_t j) { return tmp + base[t][c] + (j % slots) * seg_max; };
+
+  // Step k holds R(k) then D(k - lag), each tree A then B; empty segments (count < 2s)
+  // are skipped alike on both ends.
+  const size_t steps = s + lag;
+  auto step = [&](size_t k, auto&& up, auto&& down) {
+    if (k < s)
+      for (int t = 0; t < 2; ++t)
+        if (segLen(t, k)) up(t, k);
+    if (k >= static_cast<size_t>(lag) && k - lag < s)
+      for (int t = 0; t < 2; ++t)
+        if (segLen(t, k - lag)) down(t, k - lag);
+  };
+  std::vector<Request*> up_recv[2][2], down_recv[2];
+  for (int t = 0; t < 2; ++t) {
+    for (int c = 0; c < 2; ++c) up_recv[t][c].assign(s, nullptr);
+    down_recv[t].assign(s, nullptr);
+  }
+  auto postUp = [&](int t, size_t j) {
+    for (int c = 0; c < 2; ++c)
+      if (tree[t].child[c] >= 0) up_recv[t][c][j] = ctx.irecv(tree[t].child[c], childBuf(t, c, j), segLen(t, j) * es);
+  };
+  auto postDown = [&](int t, size_t j) {
+    if (tree[t].parent >= 0) down_recv[t][j] = ctx.irecv(tree[t].parent, out + segOff(t, j) * es, segLen(t, j) * es);
+  };
+  size_t posted = 0;  // steps whose receives are posted
+  std::vector<Request*> sends;
+  for (size_t k = 0; k < steps; ++k) {
+    for (; posted < steps && posted <= k + window; ++posted) step(posted, postUp, postDown);
+    step(
+        k,
+        [&](int t, size_t j) {
+          char* mine = out + segOff(t, j) * es;
+          for (int c = 0; c < 2; ++c)
+            if (tree[t].child[c] >= 0) {
+              ctx.wait(up_recv[t][c][j]);
+              reduce(mine, mine, childBuf(t, c, j), segLen(t, j), a.dtype, a.op);
+            }
+          if (tree[t].parent >= 0) sends.push_back(ctx.isend(tree[t].parent, mine, segLen(t, j) * es));
+        },
+        [&](int t, size_t j) {
+          char* mine = out + segOff(t, j) * es;
+          if (tree[t].parent >= 0) ctx.wait(down_recv[t][j]);
+          for (int c = 0; c < 2; ++c)
+            if (tree[t].child[c] >= 0) sends.push_back(ctx.isend(tree[t].child[c], mine, segLen(t, j) * es));
+        });
+  }
+  ctx.waitAll(sends);
+}
+
+namespace {
+double treeCost(double n, int p, const TransportParams& t) {
+  if (p == 1) return 0;
+  const int d = ceilLog2(p);
+  const double s = static_cast<double>(treeSegments(n / 2, d, 512 << 10));
+  return (s + 2 * d) * t.alpha + (1 + 2 * d / s) * (2 * n * t.beta + n * t.gamma);
+}
+}  // namespace
+
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "tree", .fn = allreduceTree, .cost = treeCost});
+
+}  // namespace harp
