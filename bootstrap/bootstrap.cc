@@ -325,12 +325,63 @@ std::vector<std::string> confirmHostIds(Store& store, const std::string& prefix,
   return out;
 }
 
+namespace {
+std::string packList(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    uint32_t n = static_cast<uint32_t>(s.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out += s;
+  }
+  return out;
+}
+
+std::vector<std::string> unpackList(const std::string& s, size_t want, const std::string& key) {
+  std::vector<std::string> v;
+  size_t i = 0;
+  while (i + 4 <= s.size() && v.size() < want) {
+    uint32_t n;
+    std::memcpy(&n, s.data() + i, 4);
+    i += 4;
+    if (n > s.size() - i) break;
+    v.push_back(s.substr(i, n));
+    i += n;
+  }
+  if (v.size() != want || i != s.size())
+    throw Error(Error::kInternal, "corrupt bootstrap record '" + key + "' (" + std::to_string(s.size()) +
+                                      " bytes, " + std::to_string(v.size()) + " of " + std::to_string(want) + " blobs)");
+  return v;
+}
+}  // namespace
+
 std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,
                                         const std::string& mine, double timeout_s) {
-  store.set(key + "/" + std::to_string(rank), mine);
   std::vector<std::string> all(size);
-  for (int r = 0; r < size; ++r)
-    all[r] = r == rank ? mine : rendezvousGet(store, key + "/" + std::to_string(r), timeout_s);
+  if (size < env::integer("HARP_STORE_GATHER_RANKS")) {
+    store.set(key + "/" + std::to_string(rank), mine);
+    for (int r = 0; r < size; ++r)
+      all[r] = r == rank ? mine : rendezvousGet(store, key + "/" + std::to_string(r), timeout_s);
+    return all;
+  }
+  // Many ranks: p requests per rank make p^2 at the one store; instead rank 0
+  // collects every blob and publishes them as one record (3p - 2 requests in
+  // all). A rank rank 0 waits for in vain is named to every rank through the
+  // rendezvous error key.
+  if (rank != 0) {
+    store.set(key + "/" + std::to_string(rank), mine);
+    return unpackList(rendezvousGet(store, key + "/all", timeout_s), static_cast<size_t>(size), key + "/all");
+  }
+  all[0] = mine;
+  for (int r = 1; r < size; ++r) {
+    try {
+      all[r] = rendezvousGet(store, key + "/" + std::to_string(r), timeout_s);
+    } catch (const Error& e) {
+      postRendezvousError(store, e.kind(), "rank 0 gathering '" + key + "' for " + std::to_string(size) +
+                                               " ranks: no record from rank " + std::to_string(r) + ": " + e.what());
+      throw;
+    }
+  }
+  store.set(key + "/all", packList(all));
   return all;
 }
 

@@ -146,3 +146,12 @@ def test_a_peer_gone_before_anyone_connected_is_named_within_seconds(victim, kee
         assert status == "ok" and kind != "no error", res[r]
         assert f"rank {victim}" in text, res[r]
         assert took < 10, res[r]
+
+
+def test_start_up_records_through_rank_0_at_many_ranks():
+    # HARP_STORE_GATHER_RANKS: from this many ranks each start-up exchange goes through rank 0
+    # (3p store requests instead of p^2); with lazy pairs, the path a 64+ rank job takes.
+    env = LAZY | {"HARP_STORE_GATHER_RANKS": "2"}
+    res = run_ranks(6, _everything, env=env, timeout=300)
+    for r, (failures, calls) in enumerate(res):
+        assert calls > 0 and not failures, (r, failures[:10])

@@ -52,6 +52,33 @@ std::vector<std::string> unpack(const std::string& s) {
   return v;
 }
 
+// The per-peer transport addresses: runs of equal blobs as (count, blob), so a
+// rank whose peers all get the same address (tcp) publishes it once, not p - 1 times.
+std::string packRuns(const std::vector<std::string>& v) {
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j < v.size() && v[j] == v[i]) ++j;
+    uint32_t n = static_cast<uint32_t>(j - i);
+    runs.push_back(std::string(reinterpret_cast<const char*>(&n), 4) + v[i]);
+    i = j;
+  }
+  return pack(runs);
+}
+
+std::vector<std::string> unpackRuns(const std::string& s, size_t want) {
+  std::vector<std::string> v;
+  for (const std::string& run : unpack(s)) {
+    uint32_t n;
+    if (run.size() < 4) throw Error(Error::kInternal, "corrupt bootstrap address record");
+    std::memcpy(&n, run.data(), 4);
+    if (n > want - v.size()) throw Error(Error::kInternal, "corrupt bootstrap address record (too many peers)");
+    v.insert(v.end(), n, run.substr(4));
+  }
+  if (v.size() != want) throw Error(Error::kInternal, "corrupt bootstrap address record (too few peers)");
+  return v;
+}
+
 // Find the TcpStore under any PrefixStores, for the interface hint.
 TcpStore* tcpStoreOf(Store* s) {
   while (s) {
@@ -446,12 +473,12 @@ void Communicator::connectTransports(const Plan& plan, const transport::CommInfo
     made[i] = res_.transports.back().get();
     for (int p : plan.peers_of[i]) blobs[p] = made[i]->localAddress(p);
   }
-  auto addr = storeAllgather(*store_, "addr", rank_, size_, pack(blobs), timeout_s_);
+  auto addr = storeAllgather(*store_, "addr", rank_, size_, packRuns(blobs), timeout_s_);
   for (size_t i = 0; i < plan.usable.size(); ++i) {
     transport::Transport* t = made[i];
     if (!t) continue;
     std::vector<std::string> remote;
-    for (int p : plan.peers_of[i]) remote.push_back(unpack(addr[p]).at(rank_));
+    for (int p : plan.peers_of[i]) remote.push_back(unpackRuns(addr[p], static_cast<size_t>(size_)).at(rank_));
     t->connect(plan.peers_of[i], remote);
     for (int p : plan.peers_of[i]) {
       res_.transport_of[p] = t;
