@@ -277,12 +277,20 @@ bool Handshake::stepIncoming(Conn& c) {
   return false;
 }
 
-void Handshake::shedOldestPending(const char* why) {
-  if (pending_.empty()) return;
-  Conn* c = pending_.front();
-  pending_.erase(pending_.begin());
-  refuse(*c, std::string("dropped, ") + why);
-  delete c;
+// Only a connection whose hello has not been answered may be shed: once this
+// end sent its challenge, the connector may already have answered it and count
+// the connection as made (it would then see the close as its peer failing).
+// False when every pending connection is past that point.
+bool Handshake::shedOldestPending(const char* why) {
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i]->state != 0) continue;
+    Conn* c = pending_[i];
+    pending_.erase(pending_.begin() + i);
+    refuse(*c, std::string("dropped, ") + why);
+    delete c;
+    return true;
+  }
+  return false;
 }
 
 void Handshake::acceptNew(int listen_fd) {
@@ -294,8 +302,8 @@ void Handshake::acceptNew(int listen_fd) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         logRefusal(std::string("accept failed (") + std::strerror(errno) + "); shedding pending connections");
-        if (pending_.empty()) accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
-        else shedOldestPending("out of file descriptors");
+        if (!shedOldestPending("out of file descriptors"))
+          accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
       }
       return;  // EAGAIN, or an error poll will report again
     }
@@ -308,7 +316,10 @@ void Handshake::acceptNew(int listen_fd) {
         continue;
       }
     }
-    if (pending_.size() >= max_pending_) shedOldestPending("too many unauthenticated connections pending");
+    if (pending_.size() >= max_pending_ && !shedOldestPending("too many unauthenticated connections pending")) {
+      refuse(c, "too many connections in their handshake; the connector retries");
+      continue;
+    }
     c.started = Clock::now();
     pending_.push_back(new Conn(std::move(c)));
   }
@@ -393,6 +404,12 @@ void Handshake::turn(int listen_fd, int timeout_ms, bool awaiting) {
     // Pending connections past their own deadline, dials due again.
     for (size_t i = 0; i < pending_.size();) {
       if (secondsSince(pending_[i]->started) < conn_timeout_s_) { ++i; continue; }
+      // Its answer may be waiting unread (a loaded host): read it before giving up.
+      if (pending_[i]->state == 1 && !stepIncoming(*pending_[i])) {
+        delete pending_[i];
+        pending_.erase(pending_.begin() + i);
+        continue;
+      }
       refuse(*pending_[i], "no complete hello within " + std::to_string(conn_timeout_s_) + " s");
       delete pending_[i];
       pending_.erase(pending_.begin() + i);

@@ -24,9 +24,11 @@
 // Listener rules (denial of service): hellos are read concurrently, each
 // unauthenticated connection gets HARP_HANDSHAKE_TIMEOUT seconds (default 5)
 // to complete, at most HARP_HANDSHAKE_MAX_PENDING (default 64) may be pending
-// (the oldest is dropped for a new one), accept() failing with EMFILE/ENFILE
-// drops the oldest pending connection or pauses accepting for 100 ms instead of
-// spinning, and refusals are logged (WARN, at most a few lines per second).
+// (the oldest not yet challenged is dropped for a new one; when all are
+// challenged, the new one is closed and its connector retries: a challenged
+// connection may count as made at the other end), accept() failing with
+// EMFILE/ENFILE drops such a pending connection or pauses accepting for 100 ms
+// instead of spinning, and refusals are logged (WARN, at most a few lines per second).
 //
 // Connector rules: a refused connect to a published listener means the peer
 // is gone (PeerError after HARP_HANDSHAKE_REFUSED_S, default 2 s, of refusals);
@@ -119,7 +121,7 @@ class Handshake {
   bool readInto(Conn& c, size_t want, bool* eof);
   void redial(Conn& c, const char* why);
   void refuse(Conn& c, const std::string& why);
-  void shedOldestPending(const char* why);
+  bool shedOldestPending(const char* why);
   void logRefusal(const std::string& text);
   [[noreturn]] void timeout(Deadline dl);
   void turn(int listen_fd, int timeout_ms, bool awaiting);
