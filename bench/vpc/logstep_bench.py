@@ -48,16 +48,65 @@ def predictions(calib, coll, hosts, size):
     """{algorithm: predicted seconds} and the pick, from harp-config --explain (the count the
     worker's describe() gives the tuner)."""
     count = sweep.counts(coll, size, 4, hosts)[2]
+    if coll == "alltoall":
+        count //= hosts  # HARP's alltoall count is one block
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HARP_CALIBRATION_FILE=calib)
     r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", coll, str(count * 4), "--ranks",
                         str(hosts), "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
     pred = {}
-    for m in re.finditer(r"^\s+(\w+)\s+.*?\s([\d.]+) (ns|us|ms|s)\s+(ok|failed.*)$", r.stdout, re.M):
+    for m in re.finditer(r"^\s+(\w+)\s+.*?\s([\d.]+) (ns|us|ms|s)\s+(ok|failed)", r.stdout, re.M):
         pred[m.group(1)] = float(m.group(2)) * UNITS[m.group(3)]
     pick = re.search(r"^pick: (\w+)", r.stdout, re.M)
     if not pick:
         raise RuntimeError(f"harp-config --explain {coll}: no pick: {r.stdout[-800:]} {r.stderr[-800:]}")
     return pred, pick.group(1)
+
+
+def make_rows(runs, variants, ring, peers, calib, coll, hosts):
+    rows = []
+    for s in sorted(runs["auto"][0], key=int):
+        med = {k: statistics.median(r[s]["us"] for r in runs[k]) for k in variants}
+        pred, ran = predictions(calib, coll, hosts, int(s))  # the tuner's pick for this call, as auto ran it
+        model = pred.get(ran)
+        row = {"size": int(s), "ran": ran, "described": runs["auto"][0][s]["algo"], "us": med,
+               "spread_us": {k: (min(r[s]["us"] for r in runs[k]), max(r[s]["us"] for r in runs[k]))
+                             for k in variants},
+               "model_us": model * 1e6 if model else None, "predicted_us": {k: v * 1e6 for k, v in pred.items()},
+               "auto_over_model": med["auto"] / (model * 1e6) if model else None,
+               "ring_over_auto": med[ring] / med["auto"]}
+        for peer in peers:
+            row[f"harp_over_{peer}"] = med["auto"] / med[peer]
+        rows.append(row)
+    return rows
+
+
+def print_rows(coll, rows, ring, logs, peers, a):
+    print(f"## {coll}, {a.hosts} hosts x 1 rank, {a.rate}, one-way delay {a.delay}")
+    print(f"{'bytes':>7} {'ran':>18} {'auto us':>9} {'model us':>9} {'/model':>7} {ring + ' us':>12}"
+          f" {'ring/auto':>9}" + "".join(f" {k[:12] + ' us':>15}" for k in logs + peers))
+    for r in rows:
+        print(f"{r['size']:>7} {r['ran']:>18} {r['us']['auto']:9.0f} {r['model_us'] or float('nan'):9.0f}"
+              f" {r['auto_over_model'] or float('nan'):7.2f} {r['us'][ring]:12.0f} {r['ring_over_auto']:9.2f}"
+              + "".join(f" {r['us'][k]:15.0f}" for k in logs + peers), flush=True)
+
+
+def recompute(a):
+    """--recompute: the rows of a recorded run again (the model from its own calibration)."""
+    import json
+    with open(a.out) as f:
+        record = json.load(f)
+    calib = os.path.join(tempfile.mkdtemp(prefix="logstep-bench-"), "calib.txt")
+    with open(calib, "w") as f:
+        f.write(record["calibration"]["file"])
+    peers = [x for x in a.libs.split(",") if x]
+    for coll, rec in record["by_coll"].items():
+        ring, logs = COLLS[coll]
+        variants = ["auto", ring] + logs + peers
+        rec["rows"] = make_rows(rec["runs"], variants, ring, peers, calib, coll, record["cluster"]["hosts"])
+        a.hosts, a.delay = record["cluster"]["hosts"], record["cluster"].get("delay_ns")
+        print_rows(coll, rec["rows"], ring, logs, peers, a)
+    with open(a.out, "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def run_one(name, spec, hosts, tmp, tag, coll, algo, iters, timeout):
@@ -82,7 +131,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--recompute", action="store_true", help="only redo the rows of the run recorded in --out")
     a = ap.parse_args()
+    if a.recompute:
+        return recompute(a)
     peers = [x for x in a.libs.split(",") if x]
     colls = [c for c in a.colls.split(",") if c]
     tmp = tempfile.mkdtemp(prefix="logstep-bench-")
@@ -111,29 +163,9 @@ def main():
                                            a.timeout))
                     print(f"# {coll} rep {rep} {k}: " + ", ".join(
                         f"{s}B {v['us']:.0f}us" for s, v in sorted(runs[k][-1].items())), flush=True)
-            rows = []
-            for s in sorted(runs["auto"][0]):
-                med = {k: statistics.median(r[s]["us"] for r in runs[k]) for k in variants}
-                ran = runs["auto"][0][s]["algo"]
-                pred, pick = predictions(calib, coll, a.hosts, s)
-                model = pred.get(ran)
-                row = {"size": s, "ran": ran, "pick": pick, "us": med,
-                       "spread_us": {k: (min(r[s]["us"] for r in runs[k]), max(r[s]["us"] for r in runs[k]))
-                                     for k in variants},
-                       "model_us": model * 1e6 if model else None, "predicted_us": {k: v * 1e6 for k, v in pred.items()},
-                       "auto_over_model": med["auto"] / (model * 1e6) if model else None,
-                       "ring_over_auto": med[ring] / med["auto"]}
-                for peer in peers:
-                    row[f"harp_over_{peer}"] = med["auto"] / med[peer]
-                rows.append(row)
+            rows = make_rows(runs, variants, ring, peers, calib, coll, a.hosts)
             record["by_coll"][coll] = {"runs": runs, "rows": rows, "stamp": stamp()}
-            print(f"## {coll}, {a.hosts} hosts x 1 rank, {a.rate}, one-way delay {a.delay}")
-            print(f"{'bytes':>7} {'ran':>18} {'auto us':>9} {'model us':>9} {'/model':>7} {ring + ' us':>12}"
-                  f" {'ring/auto':>9}" + "".join(f" {k[:12] + ' us':>15}" for k in logs + peers))
-            for r in rows:
-                print(f"{r['size']:>7} {r['ran']:>18} {r['us']['auto']:9.0f} {r['model_us'] or float('nan'):9.0f}"
-                      f" {r['auto_over_model'] or float('nan'):7.2f} {r['us'][ring]:12.0f} {r['ring_over_auto']:9.2f}"
-                      + "".join(f" {r['us'][k]:15.0f}" for k in logs + peers), flush=True)
+            print_rows(coll, rows, ring, logs, peers, a)
             write_record(a.out, record)
     finally:
         net.down(st)
