@@ -16,7 +16,8 @@ bucket_cap_mb; default torch's 25), --compress SPEC (HARP backend only: DDP comm
 hook harp.torch.hooks.topk_hook for topk:..., fp16_wire_hook / bf16_wire_hook for
 fp16/bf16; ',ef' is added to top-k specs; a trailing '!' skips the gate),
 --seed S (model init and data seeds; 0: the original ones), --lr, --no-sync (every step
-in DDP's no_sync(): no gradient communication, the baseline of communication efficiency).
+in DDP's no_sync(): no gradient communication, the baseline of communication efficiency),
+--fsdp (FSDP2 fully_shard instead of DDP; every step's loss in the record).
 """
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def main():
     ap.add_argument("--compress", default="none", help="harp backend: topk:RATIO, fp16 or bf16 DDP comm hook")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--fsdp", action="store_true",
+                    help="shard the model with FSDP2 (torch.distributed.fsdp.fully_shard on each Linear and the "
+                         "root: an allgather per layer forward and backward, a reduce-scatter per layer) instead "
+                         "of DDP; rank 0 also prints every step's loss averaged over ranks")
     ap.add_argument("--no-sync", action="store_true",
                     help="every step inside DDP's no_sync(): the same ranks and work with communication skipped "
                          "(the denominator of communication efficiency)")
@@ -76,10 +81,21 @@ def main():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, size, _ = harp._env.launch_env()
     dist.init_process_group(a.backend, rank=rank, world_size=size)
-    ddp_kw = {} if a.bucket_cap_mb is None else {"bucket_cap_mb": a.bucket_cap_mb}
-    model = torch.nn.parallel.DistributedDataParallel(model_of(a.width, seed=a.seed), **ddp_kw)
+    if a.fsdp:
+        if a.no_sync or a.compress != "none" or a.bucket_cap_mb is not None:
+            raise SystemExit("ddp_train: --fsdp takes none of --no-sync, --compress, --bucket-cap-mb")
+        from torch.distributed.fsdp import fully_shard
+        model = model_of(a.width, seed=a.seed)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    else:
+        ddp_kw = {} if a.bucket_cap_mb is None else {"bucket_cap_mb": a.bucket_cap_mb}
+        model = torch.nn.parallel.DistributedDataParallel(model_of(a.width, seed=a.seed), **ddp_kw)
     if a.compress != "none":
         register_hook(model, a.compress, a.backend)
+    losses = []
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     nparams = sum(p.numel() for p in model.parameters())
     t0 = None
@@ -95,16 +111,23 @@ def main():
             opt.zero_grad()
             loss.backward()
         opt.step()
+        if a.fsdp:
+            losses.append(float(loss.detach()))
     dist.barrier()
     elapsed = time.perf_counter() - t0
     avg = loss.detach().clone()
     dist.all_reduce(avg)
     avg = float(avg) / size
+    if a.fsdp:  # every step's loss, averaged over ranks (one allreduce after the timed steps)
+        per_step = torch.tensor(losses, dtype=torch.float64)
+        dist.all_reduce(per_step)
+        losses = (per_step / size).tolist()
     if rank == 0:
         rec = {"backend": a.backend, "world": size, "params": nparams, "batch_per_rank": a.batch,
                "steps": a.steps, "seconds": elapsed, "samples_per_s": size * a.batch * a.steps / elapsed,
                "final_loss": avg, "host": os.uname().nodename, "bucket_cap_mb": a.bucket_cap_mb,
-               "compress": a.compress, "seed": a.seed, "lr": a.lr, "width": a.width, "no_sync": a.no_sync}
+               "compress": a.compress, "seed": a.seed, "lr": a.lr, "width": a.width, "no_sync": a.no_sync,
+               "fsdp": a.fsdp, "losses": losses if a.fsdp else None}
         print("TRAIN " + json.dumps(rec), flush=True)
     dist.destroy_process_group()
 

@@ -29,6 +29,13 @@ step time of the same ranks with communication skipped):
         per repetition: the no_sync run (ddp_train.py --no-sync, HARP) then each variant (gloo; HARP dense;
         HARP with the fp16 wire hook; HARP top-k 1% with error feedback); step time / no_sync step time
         and the final loss against dense HARP's.
+
+FSDP2 at round-trip time (sharded training: an allgather per layer forward and backward, a
+reduce-scatter per layer backward):
+    python3 bench/vpc/train_bench.py --name fsdp --hosts 4 --delay 250us --fsdp --width 1024 --steps 50 \
+        --repeat 2 --out bench/vpc/results/fsdp-rtt05.json
+        per repetition gloo then HARP, ddp_train.py --fsdp, same seed and data: step time side by side
+        and the largest |loss gloo - loss HARP| over the steps (goal: within 1e-5 after the last).
 """
 from __future__ import annotations
 
@@ -179,6 +186,27 @@ EFF_VARIANTS = {"gloo": ("gloo", []), "harp": ("harp", []), "harp-fp16": ("harp"
                 "harp-topk": ("harp", ["--compress", "topk:0.01"])}
 
 
+def fsdp_study(a, name, hosts):
+    """FSDP2 (ddp_train.py --fsdp) over gloo and HARP, interleaved per repetition, same seed and data:
+    step time side by side, and the loss curves compared step by step (the goal: within 1e-5 after
+    the last step)."""
+    runs = {"gloo": [], "harp": []}
+    for _ in range(a.repeat):
+        for b in runs:
+            runs[b].append(train(name, hosts, b, "harp", a.steps, a.warmup, extra=_common(a) + ["--fsdp"]))
+    out = {b: {"seconds": [r["seconds"] for r in rs], "step_ms_median": 1e3 * statistics.median(r["seconds"] for r in rs)
+               / a.steps, "final_loss": [r["final_loss"] for r in rs]} for b, rs in runs.items()}
+    diffs = [max(abs(x - y) for x, y in zip(g["losses"], h["losses"])) for g, h in zip(runs["gloo"], runs["harp"])]
+    final = [abs(g["final_loss"] - h["final_loss"]) for g, h in zip(runs["gloo"], runs["harp"])]
+    out.update(max_step_loss_diff=diffs, final_loss_diff=final,
+               harp_over_gloo=out["harp"]["step_ms_median"] / out["gloo"]["step_ms_median"])
+    print(f"## FSDP2, {hosts} hosts, {a.steps} steps (+{a.warmup} warm-up): step ms gloo "
+          f"{out['gloo']['step_ms_median']:.1f}, harp {out['harp']['step_ms_median']:.1f} "
+          f"(harp/gloo {out['harp_over_gloo']:.3f}); |loss gloo - harp| after the last step {final}, "
+          f"largest over all steps {diffs}", flush=True)
+    return {"runs": runs, "summary": out}
+
+
 def efficiency_study(a, name, hosts):
     """Communication efficiency: each variant's step time against the same ranks with every step in
     DDP's no_sync() (no communication), interleaved per repetition; and each compressed variant's
@@ -235,6 +263,7 @@ def main():
     ap.add_argument("--hier", action="store_true",
                     help="DDP at --hosts x --ppn for each of --variants (interleaved per repetition)")
     ap.add_argument("--variants", default="gloo,harp-flat,harp-auto,harp-rail")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 over gloo and HARP: step time and loss curves")
     ap.add_argument("--efficiency", default="",
                     help="e.g. gloo,harp,harp-fp16,harp-topk: step time against no_sync at --hosts[0]")
     ap.add_argument("--delay", help="one-way delay between hosts for a cluster made here, e.g. 250us (RTT 0.5 ms)")
@@ -249,7 +278,9 @@ def main():
         rec = {"stamp_before": stamp(), "command": " ".join(sys.argv),
                "cluster": {k: st.get(k) for k in ("hosts", "rate", "mtu", "congestion", "delay_ns", "delay_line_ns",
                                                   "rtt_asked_us", "rtt_measured_us")}}
-        if a.efficiency:
+        if a.fsdp:
+            rec["fsdp"] = fsdp_study(a, a.name, hosts_list[0])
+        elif a.efficiency:
             rec["efficiency"] = efficiency_study(a, a.name, hosts_list[0])
         elif a.hier:
             rec["hier"] = hier_study(a, a.name, hosts_list[0])
