@@ -11,20 +11,21 @@
 // reverse: each rank sends and receives about 2n in all, like the ring, but
 // over depth d = ceil(log2 p) hops instead of p - 1.
 //
-// Steps: each rank takes the steps k = 0 .. s-1+L in one order that all ranks
-// share (segment, phase, tree), its receives posted a window of steps ahead in
-// the same order: R(k) — wait for the children's segment k, reduce it into
-// recvbuf, send the sum to the parent — and D(k - L) — wait for the parent's
-// final segment, forward it to the children (the root forwards its own sum).
-// Because ranks send in the shared order and receive in it, the per-pair FIFO
+// Steps: segment j of a tree is reduced by a rank of depth e at step
+// j + D - e (D = ceil(log2 p) bounds every depth: leaves first, the root last)
+// and forwarded at step j + D + e + 1 (the root first): R — wait for the
+// children's segment j, reduce it into recvbuf, send the sum to the parent —
+// and D — wait for the parent's final segment j, send it to the children. A
+// message sent at step m is waited for at step m + 1, so in steady state every
+// level of both trees moves one segment per step, and no step waits for a later
+// one (nothing deadlocks). Each rank sends in its step order and posts its
+// receives, a window ahead, in each sender's step order, so the per-pair FIFO
 // of every transport matches them even where two ranks are linked in both
-// trees (p = 2, 4, ...); no step waits for a later one, so nothing deadlocks.
-// The lag L = 2d lets the reduce waves of later segments run while the first
-// broadcast waves come down.
+// trees (p = 2, 4, ...).
 // Results: the root of each tree computes its half and broadcasts it, so every
 // rank ends bitwise identical.
-// Any p, any count, in place or not. Scratch: a ring of 2L + 5 segment
-// buffers per child (4 at most), bounded by the message.
+// Any p, any count, in place or not. Scratch: a ring of 2D + 6 segment
+// buffers per child (4 children at most), bounded by the message.
 // Cost, s segments per half (n/2 over HARP_SEGMENT_BYTES, but at least 2d of
 // at least 16 KiB, so medium messages pipeline too):
 //   (s + 2d)·alpha + (1 + 2d/s)·(2n·beta + n·gamma)
@@ -90,6 +91,13 @@ TreeLinks treeOf(int t, int r, int p) {
   return out;
 }
 
+// Depth of rank r in tree t (the root: 0).
+long depthIn(int t, int r, int p) {
+  long d = 0;
+  for (TreeLinks x = treeOf(t, r, p); x.parent >= 0; x = treeOf(t, x.parent, p)) ++d;
+  return d;
+}
+
 // Segments per half: HARP_SEGMENT_BYTES pieces, but at least 2d (down to 16 KiB
 // pieces) so that a medium message still fills the tree's levels at once.
 size_t treeSegments(double half_bytes, int d, size_t seg_bytes) {
@@ -109,17 +117,25 @@ void allreduceTree(Context& ctx) {
   if (p == 1 || a.count == 0) return;
 
   const Blocks halves{a.count, 2};
-  const int lag = 2 * ceilLog2(p);  // both trees are ceil(log2 p) deep
-  const size_t s = treeSegments(static_cast<double>(halves.size(0) * es), ceilLog2(p), ctx.segmentBytes());
+  const long dmax = ceilLog2(p);  // no rank is deeper in either tree
+  const size_t s = treeSegments(static_cast<double>(halves.size(0) * es), static_cast<int>(dmax), ctx.segmentBytes());
   const TreeLinks tree[2] = {treeOf(0, r, p), treeOf(1, r, p)};
+  long depth[2];
+  for (int t = 0; t < 2; ++t) depth[t] = depthIn(t, r, p);
   auto seg = [&](int t) { return Blocks{halves.size(t), s}; };
   auto segOff = [&](int t, size_t j) { return halves.offset(t) + seg(t).offset(j); };
   auto segLen = [&](int t, size_t j) { return seg(t).size(j); };
+  // The step at which a rank of depth dep takes segment j: its reduce R (leaves first,
+  // the root last) and its forward D (the root first). A message sent at step m is
+  // waited for at step m + 1.
+  auto stepR = [&](long dep, size_t j) { return static_cast<long>(j) + dmax - dep; };
+  auto stepD = [&](long dep, size_t j) { return static_cast<long>(j) + dmax + dep + 1; };
+  const long steps = static_cast<long>(s) + 2 * dmax + 2;
 
-  // Receives are posted `window` steps ahead of the step being taken, always in the
-  // shared order; a child's segments land in a ring of window + 1 segment buffers
-  // (slot j % slots is reused only after segment j was reduced).
-  const size_t window = 2 * static_cast<size_t>(lag) + 4, slots = std::min(s, window + 1);
+  // Receives are posted `window` sender steps ahead, in the sender's order on each pair;
+  // a child's segments land in a ring of window + 2 segment buffers.
+  const long window = 2 * dmax + 4;
+  const size_t slots = std::min(s, static_cast<size_t>(window) + 2);
   const size_t seg_max = seg(0).size(0) * es;
   size_t need = 0, base[2][2] = {};
   for (int t = 0; t < 2; ++t)
@@ -128,50 +144,51 @@ void allreduceTree(Context& ctx) {
   char* tmp = static_cast<char*>(ctx.scratch(std::max<size_t>(need, 1)));
   auto childBuf = [&](int t, int c, size_t j) { return tmp + base[t][c] + (j % slots) * seg_max; };
 
-  // Step k holds R(k) then D(k - lag), each tree A then B; empty segments (count < 2s)
-  // are skipped alike on both ends.
-  const size_t steps = s + lag;
-  auto step = [&](size_t k, auto&& up, auto&& down) {
-    if (k < s)
-      for (int t = 0; t < 2; ++t)
-        if (segLen(t, k)) up(t, k);
-    if (k >= static_cast<size_t>(lag) && k - lag < s)
-      for (int t = 0; t < 2; ++t)
-        if (segLen(t, k - lag)) down(t, k - lag);
-  };
   std::vector<Request*> up_recv[2][2], down_recv[2];
   for (int t = 0; t < 2; ++t) {
     for (int c = 0; c < 2; ++c) up_recv[t][c].assign(s, nullptr);
     down_recv[t].assign(s, nullptr);
   }
-  auto postUp = [&](int t, size_t j) {
-    for (int c = 0; c < 2; ++c)
-      if (tree[t].child[c] >= 0) up_recv[t][c][j] = ctx.irecv(tree[t].child[c], childBuf(t, c, j), segLen(t, j) * es);
+  // Segment j of step m for a sender of depth dep, or -1.
+  auto segAt = [&](long m, long first) { return m >= first && m - first < static_cast<long>(s) ? m - first : -1; };
+  // Receives of the messages senders send at step m: a child (depth + 1) its R, the parent (depth - 1) its D.
+  auto postFor = [&](long m) {
+    for (int t = 0; t < 2; ++t) {
+      long j = segAt(m, stepR(depth[t] + 1, 0));
+      if (j >= 0 && segLen(t, j))
+        for (int c = 0; c < 2; ++c)
+          if (tree[t].child[c] >= 0)
+            up_recv[t][c][j] = ctx.irecv(tree[t].child[c], childBuf(t, c, j), segLen(t, j) * es);
+    }
+    for (int t = 0; t < 2; ++t) {
+      long j = tree[t].parent >= 0 ? segAt(m, stepD(depth[t] - 1, 0)) : -1;
+      if (j >= 0 && segLen(t, j))
+        down_recv[t][j] = ctx.irecv(tree[t].parent, out + segOff(t, j) * es, segLen(t, j) * es);
+    }
   };
-  auto postDown = [&](int t, size_t j) {
-    if (tree[t].parent >= 0) down_recv[t][j] = ctx.irecv(tree[t].parent, out + segOff(t, j) * es, segLen(t, j) * es);
-  };
-  size_t posted = 0;  // steps whose receives are posted
+  long posted = 0;  // sender steps whose receives are posted
   std::vector<Request*> sends;
-  for (size_t k = 0; k < steps; ++k) {
-    for (; posted < steps && posted <= k + window; ++posted) step(posted, postUp, postDown);
-    step(
-        k,
-        [&](int t, size_t j) {
-          char* mine = out + segOff(t, j) * es;
-          for (int c = 0; c < 2; ++c)
-            if (tree[t].child[c] >= 0) {
-              ctx.wait(up_recv[t][c][j]);
-              reduce(mine, mine, childBuf(t, c, j), segLen(t, j), a.dtype, a.op);
-            }
-          if (tree[t].parent >= 0) sends.push_back(ctx.isend(tree[t].parent, mine, segLen(t, j) * es));
-        },
-        [&](int t, size_t j) {
-          char* mine = out + segOff(t, j) * es;
-          if (tree[t].parent >= 0) ctx.wait(down_recv[t][j]);
-          for (int c = 0; c < 2; ++c)
-            if (tree[t].child[c] >= 0) sends.push_back(ctx.isend(tree[t].child[c], mine, segLen(t, j) * es));
-        });
+  for (long k = 0; k < steps; ++k) {
+    for (; posted < steps && posted <= k + window; ++posted) postFor(posted);
+    for (int t = 0; t < 2; ++t) {  // R: the children's sums of segment j into mine, mine to the parent
+      long j = segAt(k, stepR(depth[t], 0));
+      if (j < 0 || !segLen(t, j)) continue;
+      char* mine = out + segOff(t, j) * es;
+      for (int c = 0; c < 2; ++c)
+        if (tree[t].child[c] >= 0) {
+          ctx.wait(up_recv[t][c][j]);
+          reduce(mine, mine, childBuf(t, c, j), segLen(t, j), a.dtype, a.op);
+        }
+      if (tree[t].parent >= 0) sends.push_back(ctx.isend(tree[t].parent, mine, segLen(t, j) * es));
+    }
+    for (int t = 0; t < 2; ++t) {  // D: the final segment j from the parent (the root has it) to the children
+      long j = segAt(k, stepD(depth[t], 0));
+      if (j < 0 || !segLen(t, j)) continue;
+      char* mine = out + segOff(t, j) * es;
+      if (tree[t].parent >= 0) ctx.wait(down_recv[t][j]);
+      for (int c = 0; c < 2; ++c)
+        if (tree[t].child[c] >= 0) sends.push_back(ctx.isend(tree[t].child[c], mine, segLen(t, j) * es));
+    }
   }
   ctx.waitAll(sends);
 }
