@@ -325,8 +325,7 @@ std::vector<std::string> confirmHostIds(Store& store, const std::string& prefix,
   return out;
 }
 
-namespace {
-std::string packList(const std::vector<std::string>& v) {
+std::string packBlobs(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) {
     uint32_t n = static_cast<uint32_t>(s.size());
@@ -336,23 +335,20 @@ std::string packList(const std::vector<std::string>& v) {
   return out;
 }
 
-std::vector<std::string> unpackList(const std::string& s, size_t want, const std::string& key) {
+std::vector<std::string> unpackBlobs(const std::string& s) {
   std::vector<std::string> v;
   size_t i = 0;
-  while (i + 4 <= s.size() && v.size() < want) {
+  while (i < s.size()) {
     uint32_t n;
+    if (s.size() - i < 4) throw Error(Error::kInternal, "corrupt bootstrap record (a cut length)");
     std::memcpy(&n, s.data() + i, 4);
     i += 4;
-    if (n > s.size() - i) break;
+    if (n > s.size() - i) throw Error(Error::kInternal, "corrupt bootstrap record (a length past its end)");
     v.push_back(s.substr(i, n));
     i += n;
   }
-  if (v.size() != want || i != s.size())
-    throw Error(Error::kInternal, "corrupt bootstrap record '" + key + "' (" + std::to_string(s.size()) +
-                                      " bytes, " + std::to_string(v.size()) + " of " + std::to_string(want) + " blobs)");
   return v;
 }
-}  // namespace
 
 std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,
                                         const std::string& mine, double timeout_s) {
@@ -369,7 +365,11 @@ std::vector<std::string> storeAllgather(Store& store, const std::string& key, in
   // rendezvous error key.
   if (rank != 0) {
     store.set(key + "/" + std::to_string(rank), mine);
-    return unpackList(rendezvousGet(store, key + "/all", timeout_s), static_cast<size_t>(size), key + "/all");
+    std::vector<std::string> got = unpackBlobs(rendezvousGet(store, key + "/all", timeout_s));
+    if (got.size() != static_cast<size_t>(size))
+      throw Error(Error::kInternal, "corrupt bootstrap record '" + key + "/all': " + std::to_string(got.size()) +
+                                        " blobs for " + std::to_string(size) + " ranks");
+    return got;
   }
   all[0] = mine;
   for (int r = 1; r < size; ++r) {
@@ -381,7 +381,7 @@ std::vector<std::string> storeAllgather(Store& store, const std::string& key, in
       throw;
     }
   }
-  store.set(key + "/all", packList(all));
+  store.set(key + "/all", packBlobs(all));
   return all;
 }
 

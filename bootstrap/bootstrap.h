@@ -106,7 +106,13 @@ HostIdentity thisHost();
 std::vector<std::string> confirmHostIds(Store& store, const std::string& prefix, int rank,
                                         const std::vector<std::string>& claimed, double timeout_s);
 
-// Everyone publishes a blob; everyone gets all blobs (through the store).
+// Length-prefixed lists of blobs, for records exchanged through the store;
+// unpackBlobs throws harp::Error (kInternal) on a cut or overlong length.
+std::string packBlobs(const std::vector<std::string>& v);
+std::vector<std::string> unpackBlobs(const std::string& s);
+
+// Everyone publishes a blob; everyone gets all blobs (through the store). From
+// HARP_STORE_GATHER_RANKS ranks the blobs go through rank 0 (3p - 2 requests).
 std::vector<std::string> storeAllgather(Store& store, const std::string& key, int rank, int size,
                                         const std::string& mine, double timeout_s);
 

@@ -79,6 +79,20 @@ def collect(procs, q, timeout=120, allow_errors=False):
     return [out[r] for r in range(n)]
 
 
+def own_socket_inodes():
+    """Inodes of this process's sockets (its /proc/self/fd links "socket:[N]"), to find its rows in
+    /proc/net/{tcp,udp}{,6}."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
 def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False, uid=None):
     procs, q = start_ranks(n, fn, *args, env=env, uid=uid)
     return collect(procs, q, timeout, allow_errors)

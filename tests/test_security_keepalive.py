@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import harp
-from harness import run_ranks
+from harness import own_socket_inodes, run_ranks
 
 KA = {"HARP_KEEPALIVE_INTERVAL": "0.5", "HARP_KEEPALIVE_TIMEOUT": "2", "HARP_TIMEOUT": "60"}
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a raw ICMP socket")
@@ -32,14 +32,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a raw 
 
 def keepalive_port():
     """This process's keep-alive UDP port (the only UDP socket a rank owns)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    inodes = own_socket_inodes()
     ports = []
     for table in ("/proc/self/net/udp", "/proc/self/net/udp6"):
         with open(table) as f:

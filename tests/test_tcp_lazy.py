@@ -14,7 +14,7 @@ import pytest
 
 import harp
 from collectives_check import check_everything
-from harness import run_ranks
+from harness import own_socket_inodes, run_ranks
 
 LAZY = {"HARP_TRANSPORT": "tcp", "HARP_SOCKET_CONNECT": "lazy"}
 
@@ -23,14 +23,7 @@ def _tcp_peers():
     """This process's established TCP connections but the one to the bootstrap store (from
     /proc: the inodes of our socket fds matched against /proc/net/tcp{,6})."""
     store_port = int(harp.UniqueId.from_hex(os.environ["HARP_UNIQUE_ID"]).address.rsplit(":", 1)[1])
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    inodes = own_socket_inodes()
     conns = 0
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

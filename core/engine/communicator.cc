@@ -27,31 +27,6 @@
 namespace harp {
 namespace {
 
-// Length-prefixed string lists, for blobs exchanged through the store.
-std::string pack(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) {
-    uint32_t n = static_cast<uint32_t>(s.size());
-    out.append(reinterpret_cast<const char*>(&n), 4);
-    out += s;
-  }
-  return out;
-}
-
-std::vector<std::string> unpack(const std::string& s) {
-  std::vector<std::string> v;
-  size_t i = 0;
-  while (i + 4 <= s.size()) {
-    uint32_t n;
-    std::memcpy(&n, s.data() + i, 4);
-    i += 4;
-    if (i + n > s.size()) throw Error(Error::kInternal, "corrupt bootstrap record");
-    v.push_back(s.substr(i, n));
-    i += n;
-  }
-  return v;
-}
-
 // The per-peer transport addresses: runs of equal blobs as (count, blob), so a
 // rank whose peers all get the same address (tcp) publishes it once, not p - 1 times.
 std::string packRuns(const std::vector<std::string>& v) {
@@ -63,12 +38,12 @@ std::string packRuns(const std::vector<std::string>& v) {
     runs.push_back(std::string(reinterpret_cast<const char*>(&n), 4) + v[i]);
     i = j;
   }
-  return pack(runs);
+  return packBlobs(runs);
 }
 
 std::vector<std::string> unpackRuns(const std::string& s, size_t want) {
   std::vector<std::string> v;
-  for (const std::string& run : unpack(s)) {
+  for (const std::string& run : unpackBlobs(s)) {
     uint32_t n;
     if (run.size() < 4) throw Error(Error::kInternal, "corrupt bootstrap address record");
     std::memcpy(&n, run.data(), 4);
@@ -380,12 +355,12 @@ std::vector<std::vector<std::string>> Communicator::exchangeHostInfo(const Plan&
   HostIdentity me = thisHost();
   std::vector<std::string> mine{me.host_id, me.hostname, std::to_string(me.pid), localNics()};
   for (auto* s : plan.usable) mine.push_back(s->name);
-  auto all = storeAllgather(*store_, "info", rank_, size_, pack(mine), timeout_s_);
+  auto all = storeAllgather(*store_, "info", rank_, size_, packBlobs(mine), timeout_s_);
   peers_.resize(size_);
   std::vector<std::vector<std::string>> avail(size_);
   std::vector<std::string> nics(size_);
   for (int r = 0; r < size_; ++r) {
-    auto v = unpack(all[r]);
+    auto v = unpackBlobs(all[r]);
     if (v.size() < 4) throw Error(Error::kInternal, "corrupt bootstrap record of rank " + std::to_string(r));
     peers_[r].rank = r;
     peers_[r].host_id = v.at(0);

@@ -227,6 +227,25 @@ void TcpTransport::exchangeHello(TcpPair& p, Deadline dl) {
   }
 }
 
+// The handshake of every connection (transport/handshake.h); keep_going: lazy set-up.
+Handshake::Config TcpTransport::handshakeConfig(bool keep_going) {
+  Handshake::Config cfg;
+  cfg.transport = "tcp";
+  cfg.key = info_.token;
+  cfg.comm_id = info_.comm_id;
+  cfg.rank = info_.rank;
+  cfg.rank_name = [this](int r) { return rankName(r); };
+  cfg.keep_going = keep_going;
+  return cfg;
+}
+
+// TCP_NOTSENT_LOWAT (HARP_SOCKET_LOWAT) on the lanes of a multi-lane pair.
+void TcpTransport::applyLowat(TcpPair& p) {
+  if (p.lanes_.size() < 2 || !lowat_) return;
+  int v = static_cast<int>(std::min<size_t>(lowat_, 1u << 30));
+  for (auto& l : p.lanes_) setsockopt(l.fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
+}
+
 // HARP_SOCKET_CONNECT: eager (every pair at connect), lazy (on first use), auto
 // (lazy from HARP_SOCKET_LAZY_RANKS ranks).
 static bool connectLazily(int size) {
@@ -240,13 +259,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
   if (connectLazily(info_.size)) return connectLazy(peers, remote);
   Deadline dl = Deadline::after(info_.timeout_s);
   for (int p : peers) pairs_[p] = std::make_unique<TcpPair>(this, p, lanesFor(p));
-  Handshake::Config cfg;
-  cfg.transport = "tcp";
-  cfg.key = info_.token;
-  cfg.comm_id = info_.comm_id;
-  cfg.rank = info_.rank;
-  cfg.rank_name = [this](int r) { return rankName(r); };
-  Handshake hs(cfg);
+  Handshake hs(handshakeConfig(false));
   for (size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i], n = lanesFor(p);
     if (p < info_.rank) {
@@ -272,10 +285,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
   // pairs run in one global order (by (lower, higher) rank), so none waits in a cycle.
   for (auto& [p, pr] : pairs_) {
     if (nstreams_ == 0 && pr->lanes_.size() > 1) pr->dropLanes(probe(*pr, dl));
-    if (pr->lanes_.size() > 1 && lowat_) {
-      int v = static_cast<int>(std::min<size_t>(lowat_, 1u << 30));
-      for (auto& l : pr->lanes_) setsockopt(l.fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
-    }
+    applyLowat(*pr);
     HARP_INFO("tcp: rank %d to %s: %zu lane(s)", info_.rank, rankName(p).c_str(), pr->lanes_.size());
   }
 }
@@ -289,14 +299,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
 // HARP_SOCKET_NSTREAMS=auto is not probed here: such pairs get one lane.
 void TcpTransport::connectLazy(const std::vector<int>& peers, const std::vector<std::string>& remote) {
   lazy_ = true;
-  Handshake::Config cfg;
-  cfg.transport = "tcp";
-  cfg.key = info_.token;
-  cfg.comm_id = info_.comm_id;
-  cfg.rank = info_.rank;
-  cfg.rank_name = [this](int r) { return rankName(r); };
-  cfg.keep_going = true;
-  lazy_hs_ = std::make_unique<Handshake>(cfg);
+  lazy_hs_ = std::make_unique<Handshake>(handshakeConfig(true));
   ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   for (size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i], n = nstreams_ > 0 ? nstreams_ : 1;
@@ -346,10 +349,7 @@ bool TcpTransport::readHello(TcpPair& p) {
     p.failAll(local ? Request::kLocal : Request::kPeerFailure, why);
     return true;
   }
-  if (p.lanes_.size() > 1 && lowat_) {
-    int v = static_cast<int>(std::min<size_t>(lowat_, 1u << 30));
-    for (auto& l : p.lanes_) setsockopt(l.fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
-  }
+  applyLowat(p);
   p.up_ = true;
   ++lazy_up_;
   HARP_INFO("tcp: rank %d to %s: %zu lane(s), connected on first use (%zu of %zu peers)", info_.rank,

@@ -212,6 +212,8 @@ class TcpTransport : public Transport {
   // as in the eager set-up), and the handshakes and lane hellos driven from
   // progress() and wait() (under drive_mu_). True from serviceConnections when a
   // pair came up or failed.
+  Handshake::Config handshakeConfig(bool keep_going);
+  void applyLowat(TcpPair& p);
   void connectLazy(const std::vector<int>& peers, const std::vector<std::string>& remote);
   void dialPeer(TcpPair& p);
   bool serviceConnections();
