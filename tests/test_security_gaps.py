@@ -122,12 +122,13 @@ def test_threads_racing_without_overlap_never_get_a_wrong_result(tr):
     overlap; PeerError once a peer broke): 0 wrong results, against about half without
     the checks. Identical calls from two threads cannot be told apart (README, Threading)."""
     res = run_ranks(2, _threads, 600, True, env=_env(tr), timeout=180)
-    for wrong, errors in res:
+    for wrong, errors, late in res:
         assert wrong == [], wrong[:12]
+        assert not late, late[:12]  # nothing returned after this rank's first error
         for cls, msg in errors:
             assert cls in ("InvalidArgumentError", "PeerError", "MismatchError"), (cls, msg)
     # the race did happen: some thread on some rank was stopped
-    assert any(errors for _, errors in res), res
+    assert any(errors for _, errors, _ in res), res
 
 
 # ---------------------------------------------------------------------------- item 10: retired store
