@@ -298,7 +298,6 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
 // inside any call. A dial that fails for good fails the pair's requests.
 // HARP_SOCKET_NSTREAMS=auto is not probed here: such pairs get one lane.
 void TcpTransport::connectLazy(const std::vector<int>& peers, const std::vector<std::string>& remote) {
-  lazy_ = true;
   lazy_hs_ = std::make_unique<Handshake>(handshakeConfig(true));
   ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -412,7 +411,7 @@ bool TcpTransport::progress() {
   // Lazy set-up: handshakes in flight are stepped every time; the listener alone
   // (a new dial) every 64th call, and in every wait().
   bool moved = false;
-  if (lazy_ && (lazy_hs_->busy() || !hello_wait_.empty() || (++lazy_polls_ & 63) == 0)) moved = serviceConnections();
+  if (lazy_hs_ && (lazy_hs_->busy() || !hello_wait_.empty() || (++lazy_polls_ & 63) == 0)) moved = serviceConnections();
   for (auto& [peer, p] : pairs_)
     if (p->up_) moved |= p->progress();
   return moved;
@@ -538,7 +537,7 @@ void TcpTransport::doAbort() {
   }
   // Lazy set-up: peers that dial now are refused at once and report this rank failed
   // (HARP_HANDSHAKE_REFUSED_S) instead of waiting for a handshake nobody drives.
-  if (lazy_ && listen_fd_ >= 0) {
+  if (lazy_hs_ && listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
   }

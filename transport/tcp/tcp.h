@@ -218,8 +218,7 @@ class TcpTransport : public Transport {
   void dialPeer(TcpPair& p);
   bool serviceConnections();
   bool readHello(TcpPair& p);
-  bool lazy_ = false;
-  std::unique_ptr<Handshake> lazy_hs_;
+  std::unique_ptr<Handshake> lazy_hs_;             // set: lazy set-up (connectLazy)
   std::map<int, std::vector<SockAddr>> rails_of_;  // lazy: lower peers' published addresses
   std::vector<TcpPair*> hello_wait_;               // lazy: pairs whose peer's lane hello is still due
   size_t lazy_up_ = 0;                             // lazy: pairs up (for the log)
