@@ -1,6 +1,6 @@
 """HARP vs gloo vs Open MPI allreduce across arena hosts, against the measured link rate.
 
-    python3 bench/vpc/arena_bench.py --hosts 2,4 --rate 1gbit --repeat 3 --out bench/vpc/results/allreduce.json
+    python3 bench/vpc/arena_bench.py --hosts 2,4 --rate 1gbit --repeat 3 --out results/arena/allreduce.json
 
 Brings up (or reuses) arena cluster --name (default vpc) with max(--hosts)
 hosts, measures the link payload rate with a single TCP stream (linkrate.py,
@@ -14,17 +14,17 @@ median and spread over repetitions, busbw in MB/s and as a fraction of the
 link rate. Writes one JSON with a provenance stamp.
 
     python3 bench/vpc/arena_bench.py --name lat8 --hosts 8 --no-bw --repeat 3 \
-        --libs mpi,harp,harp@HARP_SPIN=256 --out bench/vpc/results/lat8.json
+        --libs mpi,harp,harp@HARP_SPIN=256 --out results/arena/lat8.json
 
 compares settings of one library in the same run (LIB@VAR=V+VAR2=V2).
 
     python3 bench/vpc/arena_bench.py --name slow --hosts 4 --host-rate 3=500mbit --repeat 3 \
-        --out bench/vpc/results/allreduce-slow-host.json
+        --out results/arena/allreduce-slow-host.json
 
 runs with one host's link slower (its line's rate measured too, so busbw is also shown against it).
 
     python3 bench/vpc/arena_bench.py --name rtt --hosts 4,8 --delay 500us --no-bw --repeat 3 \
-        --out bench/vpc/results/lat-rtt1ms.json
+        --out results/arena/lat-rtt1ms.json
 
 puts round-trip time on the links (harp-cluster --delay, one way; harp-delayline) and reports,
 beside each library's 8 B time, the RTT-bound model of the algorithm HARP's tuner picks there

@@ -1,7 +1,7 @@
 """Wire compression on the arena: fp16/bf16/top-k vs dense HARP, side by side in one run.
 
     python3 bench/vpc/compress_bench.py --hosts 4 --rate 1gbit --mb 64 --repeat 3 \\
-        --out bench/vpc/results/compress.json
+        --out results/arena/compress.json
 
 Brings up arena cluster --name (default cmp17; taken down at the end, also on failure),
 measures the link payload rate (linkrate.py), writes a calibration file whose tcp line has

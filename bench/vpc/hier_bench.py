@@ -1,8 +1,8 @@
 """Hierarchical vs flat allreduce on the arena: HARP auto / ring / rail / leader, gloo, Open MPI.
 
     python3 bench/vpc/hier_bench.py --shapes 2x2,4x2 --rate 1gbit --size 32M --repeat 3 \\
-        --out bench/vpc/results/hier.json
-    python3 bench/vpc/hier_bench.py --shapes 2x1,2x2 --sweep 8:32M:8 --repeat 2 --out bench/vpc/results/hier-sweep.json
+        --out results/arena/hier.json
+    python3 bench/vpc/hier_bench.py --shapes 2x1,2x2 --sweep 8:32M:8 --repeat 2 --out results/arena/hier-sweep.json
 
 --sweep: per size, the automatic choice against every forced HARP algorithm
 (ring, recursive_doubling, halving_doubling, rail, leader), auto / best.

@@ -1,7 +1,7 @@
 """TCP lanes under a per-flow cap: 64 MB allreduce busbw across arena hosts.
 
     python3 bench/vpc/lanes_bench.py --hosts 4 --rate 1gbit --flow-cap 250mbit --repeat 2 \
-        --out bench/vpc/results/lanes.json
+        --out results/arena/lanes.json
 
 Brings up (or reuses) arena cluster --name (default lanes) with --hosts hosts,
 1 rank per host, every TCP flow capped at --flow-cap (harp-cluster --flow-cap:

@@ -3,7 +3,7 @@ against its ring (pairwise for alltoall) and every log-step algorithm, forced; g
 beside; each measured time against the cost model's prediction for the algorithm that ran.
 
     python3 bench/vpc/logstep_bench.py --hosts 8 --delay 500us --repeat 2 \\
-        --out bench/vpc/results/logstep-rtt1ms.json
+        --out results/arena/logstep-rtt1ms.json
 
 One arena (--hosts hosts x one rank, --rate, harp-cluster --delay: 500us one way = 1 ms RTT) comes
 up; scripts/calibrate.py --cluster measures the tcp line (alpha = half the round trip, beta) and its

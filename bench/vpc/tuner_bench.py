@@ -2,7 +2,7 @@
 times on the arena, 8 B to 256 MB; gloo and Open MPI beside them.
 
     python3 bench/vpc/tuner_bench.py --hosts 4 --delays 0,50us,500us --repeat 2 \\
-        --out bench/vpc/results/tuner-rtt.json
+        --out results/arena/tuner-rtt.json
 
 Per one-way delay (0: the ideal arena; 50us: 0.1 ms RTT; 500us: 1 ms RTT; harp-cluster --delay)
 a fresh cluster of --hosts hosts (one rank each) comes up, the link rate is measured (one TCP
