@@ -325,7 +325,8 @@ PYBIND11_MODULE(_harp, m) {
         return py::dict(py::arg("pick") = s.pick->name, py::arg("source") = pickSourceName(s.source),
                         py::arg("reason") = s.reason(), py::arg("candidates") = cands,
                         py::arg("alpha") = s.params.alpha, py::arg("beta") = s.params.beta,
-                        py::arg("gamma") = s.params.gamma, py::arg("params_source") = s.params_source,
+                        py::arg("gamma") = s.params.gamma, py::arg("overhead") = burstLatency(s.params, 2) - s.params.alpha,
+                        py::arg("params_source") = s.params_source,
                         py::arg("count") = q.count);
       },
       py::arg("coll"), py::arg("bytes"), py::arg("ranks"), py::arg("transport"), py::arg("dtype") = "float32",
