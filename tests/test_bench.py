@@ -107,15 +107,18 @@ def test_progress_is_plain_lines_when_output_is_not_a_terminal():
 
 
 def test_every_console_script_answers_version():
-    """Each [project.scripts] entry of pyproject.toml (harp-cluster too, once it is there)."""
+    """Each [project.scripts] entry of the runtime (pyproject.toml) and of harp-dev (python/pyproject.toml):
+    the developer tools are harp-dev's only."""
     import tomllib
 
     import harp
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    scripts = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["scripts"]
-    assert {"harp-bench", "harp-run", "harp-config"} <= set(scripts)
-    for name, target in scripts.items():
+    runtime = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["scripts"]
+    dev = tomllib.load(open(os.path.join(root, "python", "pyproject.toml"), "rb"))["project"]["scripts"]
+    assert {"harp-run", "harp-config", "harp-status"} <= set(runtime) and set(dev) == {"harp-bench", "harp-cluster"}
+    assert not set(runtime) & set(dev)
+    for name, target in {**runtime, **dev}.items():
         mod, fn = target.split(":")
         code = f"import sys; sys.argv = [{name!r}, '--version']; from {mod} import {fn}; {fn}()"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
