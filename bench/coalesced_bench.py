@@ -227,7 +227,7 @@ def print_table(title, summ):
 
 
 def arena(a, tmp, env, sizes, record):
-    from harp.cluster import net, topology as topo
+    from harp_dev.cluster import net, topology as topo
     import linkrate
     st = topo.load(a.name) or net.up(a.name, a.ranks, rate=a.rate, mtu=a.mtu, delay=a.delay, jitter=a.jitter,
                                      loss=a.loss)
@@ -237,9 +237,9 @@ def arena(a, tmp, env, sizes, record):
         env = dict(env, GLOO_SOCKET_IFNAME="eth0")
         record["link_MBps"] = [linkrate.measure(st, 1, 0) for _ in range(3)]
         link = statistics.median(record["link_MBps"])
-        prefix = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.ranks),
+        prefix = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.ranks),
                   "--timeout", str(a.timeout), "--"]
-        mpi = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.ranks), "--launcher",
+        mpi = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.ranks), "--launcher",
                "mpirun", "--timeout", str(a.timeout), "--"]
         reps = []
         for rep in range(a.repeat):

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.abspath(os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
@@ -251,7 +251,7 @@ def main():
             f.write(f"tcp 50e-6 {1 / (link * 1e6):.4g} 1.0e-10\n")
         record["calibration"] = open(cal).read()
         arena_env = dict(env, HARP_CALIBRATION_FILE=cal)
-        prefix = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.hosts),
+        prefix = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.hosts),
                   "--timeout", str(a.timeout), "--"]
         reps = []
         for rep in range(a.repeat):

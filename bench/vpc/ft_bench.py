@@ -239,7 +239,7 @@ def summarize(recs, trials, full):
 
 
 def main():
-    from harp.cluster import net, runner, topology as topo
+    from harp_dev.cluster import net, runner, topology as topo
     from stamp import stamp
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

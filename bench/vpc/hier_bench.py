@@ -36,8 +36,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (also puts python/ on sys.path)
-from harp.bench import check, sweep  # noqa: E402
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.bench import check, sweep  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
@@ -82,9 +82,9 @@ def run_rows(name, lib, algo, hosts, ppn, minb, maxb, factor, iters, out, timeou
                OMP_NUM_THREADS="1")
     if CALIBRATION:
         env["HARP_CALIBRATION_FILE"] = CALIBRATION
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
            "--launcher", arena_bench.LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m",
-           "harp.bench.workers", lib, json.dumps(wargs)]
+           "harp_dev.bench.workers", lib, json.dumps(wargs)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     if r.returncode:
         raise RuntimeError(f"{lib} {algo} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")

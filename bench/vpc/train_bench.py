@@ -50,13 +50,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.abspath(os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 
 def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=(), ppn=1, env_extra=None):
     env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
            "--launcher", launcher,
            "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
            "--steps", str(steps), "--warmup", str(warmup), *extra]

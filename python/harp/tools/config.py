@@ -31,8 +31,8 @@ import json
 import os
 import sys
 
-from . import _params
-from ._version import __version__
+from .. import _params
+from .._version import __version__
 
 
 def transport_table():
