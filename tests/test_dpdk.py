@@ -378,29 +378,42 @@ def test_peer_that_never_proved_the_token_gets_no_data_in(tmp_path):
     assert "wrong proof" in outs[1], outs[1]
 
 
+def _selftest_pair(exe, d, faults):
+    """Two harp_dpdk_selftest ranks meeting in folder d, rank r with HARP_DPDK_FAULT=faults[r]:
+    their outputs, after checking that both exited 0 and verified every byte."""
+    procs = [subprocess.Popen([exe, "--rank", str(r), "--size", "2", "--dir", d, "--iters", "5",
+                               "--max-bytes", "20000", "--timeout", "60"],
+                              env=dict(os.environ, HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", HARP_DEBUG="INFO",
+                                       HARP_DPDK_FAULT=faults[r]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sum(o.count("bytes received and verified") for o in outs) == 2, outs
+    return outs
+
+
+def _early_drops(outs):
+    import re
+    return sum(int(n) for o in outs for n in re.findall(r"dropped before the peer's proof (\d+)", o))
+
+
 def test_data_that_arrives_before_the_proof_is_resent_and_delivered(tmp_path):
     """A rank that completes its handshake first may send data before its peer has
     verified it (the confirming HELLO was lost): the peer drops that data unacknowledged
-    and takes the retransmission once the proof arrives. 30 % of all frames dropped
-    (HELLOs included), several seeds: every byte arrives, and the early data was dropped
-    in at least one run (so the path was taken)."""
-    import re
+    and takes the retransmission once the proof arrives. The path is made certain, not
+    left to chance: rank 1 drops every HELLO of rank 0 that could prove it until a DATA
+    frame of rank 0 has arrived (HARP_DPDK_FAULT=hold_proofs=1), so rank 0, verified first,
+    sends data rank 1 must refuse until a later HELLO proves rank 0. Every run: the early
+    data was dropped, and every byte arrives. Then 30 % of all frames dropped (HELLOs included),
+    several seeds: every byte arrives."""
     exe = dpdk_env.selftest_binary()
     if not exe:
         pytest.skip("harp_dpdk_selftest is not installed in the harp package")
-    early = 0
-    for seed in range(1, 7):
-        d = tempfile.mkdtemp(dir=tmp_path)
-        procs = [subprocess.Popen([exe, "--rank", str(r), "--size", "2", "--dir", d, "--iters", "5",
-                                   "--max-bytes", "20000", "--timeout", "60"],
-                                  env=dict(os.environ, HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", HARP_DEBUG="INFO",
-                                           HARP_DPDK_FAULT=f"drop=0.3,seed={seed * 2 + r}"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-        assert all(p.returncode == 0 for p in procs), outs
-        assert sum(o.count("bytes received and verified") for o in outs) == 2, outs
-        early += sum(int(n) for o in outs for n in re.findall(r"dropped before the peer's proof (\d+)", o))
-    assert early > 0, "no run sent data before its peer had verified it: the path was not exercised"
+    for run in range(3):
+        outs = _selftest_pair(exe, tempfile.mkdtemp(dir=tmp_path), ["", "hold_proofs=1"])
+        assert _early_drops(outs) > 0, ("no data arrived before the proof: the path was not exercised", outs)
+    for seed in range(1, 5):
+        _selftest_pair(exe, tempfile.mkdtemp(dir=tmp_path), [f"drop=0.3,seed={seed * 2 + r}" for r in range(2)])
 
 
 def _memif_socket_paths(rank, size):

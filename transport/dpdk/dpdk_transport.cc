@@ -97,6 +97,7 @@ DpdkTransport::DpdkTransport(const CommInfo& info, const std::vector<PeerInfo>& 
     : info_(info), peer_info_(peers), rt_(&Runtime::get()), peers_(info.size) {
   fault_ = FaultConfig::fromEnv(info.rank);
   rng_ = FaultRng(fault_.seed);
+  data_seen_.assign(static_cast<size_t>(info.size), false);
   if (fault_.any()) HARP_WARN("dpdk: fault injection on received frames: %s", fault_.describe().c_str());
   ProtocolConfig pc;
   pc.window = static_cast<int>(env::integer("HARP_DPDK_WINDOW"));
@@ -372,6 +373,16 @@ void DpdkTransport::processFrame(rte_mbuf* m) {
 }
 
 void DpdkTransport::handleFrame(rte_mbuf* m) {
+  if (fault_.hold_proofs) {
+    const WireHdr* h = parseFrame(m);
+    if (h && h->src_rank < data_seen_.size()) {
+      if (h->type == static_cast<uint8_t>(PktType::kData)) data_seen_[h->src_rank] = true;
+      if (h->type == static_cast<uint8_t>(PktType::kHello) && (h->flags & kFlagHeard) && !data_seen_[h->src_rank]) {
+        rte_pktmbuf_free(m);
+        return;
+      }
+    }
+  }
   if (fault_.any()) {
     double r = rng_.next();
     if (r < fault_.drop) {

@@ -80,6 +80,7 @@ class DpdkTransport : public transport::Transport, public FrameIO {
   std::vector<rte_mbuf*> inbox_work_;
   std::vector<rte_mbuf*> held_;                    // fault injection: reordered frames
   FaultConfig fault_;
+  std::vector<bool> data_seen_;                    // fault injection (hold_proofs): a DATA frame came from rank i
   FaultRng rng_{1};
   rte_mbuf* cur_ = nullptr;
   int bad_hellos_ = 0;  // rate limit of the warnings

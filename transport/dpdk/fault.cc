@@ -29,9 +29,12 @@ FaultConfig FaultConfig::fromEnv(int rank) {
     else if (k == "dup") c.dup = x;
     else if (k == "reorder") c.reorder = x;
     else if (k == "seed") c.seed = static_cast<uint64_t>(x);
+    else if (k == "hold_proofs" && (x == 0 || x == 1)) c.hold_proofs = x == 1;
+    else if (k == "hold_proofs")
+      throw InvalidArgument("HARP_DPDK_FAULT='" + spec + "': hold_proofs is 0 or 1");
     else
       throw InvalidArgument("HARP_DPDK_FAULT='" + spec + "': unknown key '" + k +
-                            "' (use drop=, dup=, reorder=, seed=)");
+                            "' (use drop=, dup=, reorder=, seed=, hold_proofs=)");
   }
   if (c.drop >= 1 || c.dup >= 1 || c.reorder >= 1)
     throw InvalidArgument("HARP_DPDK_FAULT / HARP_DPDK_DROP: rates must be below 1");
@@ -41,7 +44,7 @@ FaultConfig FaultConfig::fromEnv(int rank) {
 
 std::string FaultConfig::describe() const {
   char b[128];
-  snprintf(b, sizeof b, "drop=%.3f dup=%.3f reorder=%.3f", drop, dup, reorder);
+  snprintf(b, sizeof b, "drop=%.3f dup=%.3f reorder=%.3f hold_proofs=%d", drop, dup, reorder, hold_proofs ? 1 : 0);
   return b;
 }
 

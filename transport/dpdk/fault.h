@@ -1,8 +1,15 @@
 // transport/dpdk/fault.h — fault injection on received frames, for tests of
 // the reliable protocol: drop, duplicate, or hold back (reorder) a fraction of
-// every HARP frame (data, acks and control alike) before the protocol sees it.
+// every HARP frame (data, acks and control alike) before the protocol sees it;
+// and, for the handshake's lost-confirmation path, hold back a peer's proofs:
+// every HELLO of a peer that could prove it (flag HEARD, PROTOCOL.md section 3)
+// is dropped until a DATA frame of that peer has arrived. The peer, which has
+// verified this rank, then surely sends data this rank must refuse and take
+// again once a later HELLO proves the peer (drop= reaches that path only by
+// chance).
 //
 //   HARP_DPDK_FAULT="drop=0.05,dup=0.02,reorder=0.03,seed=7"
+//   HARP_DPDK_FAULT="hold_proofs=1"
 //   HARP_DPDK_DROP=0.05          (shorthand for drop=)
 //
 // Threading: owned by one transport, used by its driving thread only.
@@ -16,7 +23,8 @@ namespace harp::dpdk {
 struct FaultConfig {
   double drop = 0, dup = 0, reorder = 0;
   uint64_t seed = 0;
-  bool any() const { return drop > 0 || dup > 0 || reorder > 0; }
+  bool hold_proofs = false;  // a peer's proving HELLOs are dropped until its first DATA frame
+  bool any() const { return drop > 0 || dup > 0 || reorder > 0 || hold_proofs; }
   // From the environment; throws harp::Error(kInvalidArgument) on bad syntax.
   static FaultConfig fromEnv(int rank);
   std::string describe() const;
