@@ -138,17 +138,19 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   void execute(CollArgs& a, Work& w);
   void workerLoop();
   // The call's stages, in order (core/engine/pipeline.h; validate.cc, pipeline.cc).
+  // choose/describe/runPlan/finish are inline, defined and used in pipeline.cc
+  // only: runStages runs them without calls through the PLT.
   void validate(const CollArgs& a) const;
   void checkBuffers(const CollArgs& a) const;
   void runCollective(CollArgs& a);
   void runIntAvg(CollArgs& a);
   void runStages(CollArgs& a, DataType user_dtype);
-  void choose(CallPlan& p);
-  void describe(CallPlan& p);
-  void runPlan(CallPlan& p, obs::OpScope& recorded);
+  inline void choose(CallPlan& p);
+  inline void describe(CallPlan& p);
+  inline void runPlan(CallPlan& p, obs::OpScope& recorded);
   [[noreturn]] void failCall(const Error& e, Context* ctx);
   void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
-  void finish(CallPlan& p);
+  inline void finish(CallPlan& p);
   void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);

@@ -163,7 +163,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
 // Compression first: a compressed float32 allreduce runs its own algorithm,
 // whose reserved index in the tag and descriptor keeps ranks that disagree
 // apart (core/compress/compress.h). Then the selector.
-void Communicator::choose(CallPlan& p) {
+inline void Communicator::choose(CallPlan& p) {
   CollArgs& a = p.args;
   p.algo = a.coll == CollType::kAllreduce && a.compress.kind != CompressKind::kNone ? compressedAlgorithm(a) : nullptr;
   if (!p.algo) p.algo = algorithmFor(a);
@@ -172,7 +172,7 @@ void Communicator::choose(CallPlan& p) {
 // ---------------------------------------------------------------------------
 // describe
 
-void Communicator::describe(CallPlan& p) {
+inline void Communicator::describe(CallPlan& p) {
   const CollArgs& a = p.args;
   p.p2p = a.coll == CollType::kSend || a.coll == CollType::kRecv || a.coll == CollType::kP2pBatch;
   p.rooted = collRooted(a.coll);
@@ -197,7 +197,7 @@ void Communicator::describe(CallPlan& p) {
 // ---------------------------------------------------------------------------
 // run
 
-void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
+inline void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
   CollArgs& a = p.args;
   // The Context outlives the catch below: markBroken() fails the
   // transports' pending requests, which live in it (destroyed first, they were
@@ -279,7 +279,7 @@ void Communicator::closingCheck(const CollArgs& a, uint32_t seq, bool deferred) 
 // ---------------------------------------------------------------------------
 // finish
 
-void Communicator::finish(CallPlan& p) {
+inline void Communicator::finish(CallPlan& p) {
   const CollArgs& a = p.args;
   res_.scratch.trim(res_.scratch_keep);  // no high-water mark above the cap (core/engine/scratch.h)
   if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
