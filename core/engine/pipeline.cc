@@ -35,7 +35,6 @@ int64_t layoutHash(const std::vector<BufPiece>& pieces) {
   return static_cast<int64_t>((h & ((1ull << 62) - 1)) | (1ull << 62));
 }
 
-
 SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, const Topology& topo, bool hier) {
   SelectQuery q;
   q.coll = a.coll;
@@ -84,24 +83,8 @@ bool defersCheck(const CollArgs& a, int rank, Context::CheckShape shape) {
 // ---------------------------------------------------------------------------
 // validate (its run-time half) and the entry
 
-// Descriptor agreement. Every message's tag carries the descriptor (exact for
-// root < 4096, count < 2^32), so a receiver finds a disagreement with its
-// sender. That is not enough where a rank only sends (broadcast/scatter root,
-// gather and reduce leaves) or where ranks disagree about the root (they
-// then disagree about who talks to whom and may wait for messages nobody
-// sends). Rooted collectives therefore run the exact descriptor check of
-// Context::startCheck alongside the data (posted first, compared while
-// waiting, completed at the end): every rank hears from every rank, directly
-// or through data that only agreeing ranks forward (checkShape). A rank whose
-// data disagrees raises MismatchError in the call; one that only sent, or
-// whose data agreed (defersCheck), raises at a later call (by its next
-// non-deferring call, HARP_CHECK_WINDOW calls, or destroy()). Cost: with an
-// exact tag each broadcast/scatter receiver sends its 24-byte descriptor to its
-// p-1 peers and nobody waits for one; ABBA figures against the tree before the
-// check in bench/RESULTS.md ("Deferred root check"). Large messages unchanged.
-// Allreduce pays only the closing check (closingCheck). Zero counts and
-// descriptors the tag cannot carry run the check before the algorithm (a rank
-// with count 0 would otherwise return before anyone could compare).
+// The entry: a broken communicator refuses the call (the run-time half of
+// validate), integer avg detours through runIntAvg, the rest runs the stages.
 void Communicator::runCollective(CollArgs& a) {
   if (broken_.load()) {
     std::lock_guard<std::mutex> g(broken_mu_);
@@ -110,7 +93,6 @@ void Communicator::runCollective(CollArgs& a) {
   if (a.op == ReduceOp::kAvg && collReduces(a.coll) && isInteger(a.dtype) && size_ > 1) return runIntAvg(a);
   runStages(a, a.dtype);
 }
-
 
 // The stages in order; `a` runs as is, the tag and descriptor name
 // `user_dtype` (runIntAvg runs widened data under the caller's dtype, so
@@ -123,6 +105,7 @@ void Communicator::runStages(CollArgs& a, DataType user_dtype) {
   runPlan(plan, recorded);
   finish(plan);
 }
+
 // ---------------------------------------------------------------------------
 // choose
 
@@ -158,7 +141,6 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
   if (memo) algo_memo_[slot] = {q.bytes, q.in_place, sel.pick};
   return sel.pick;
 }
-
 
 // Compression first: a compressed float32 allreduce runs its own algorithm,
 // whose reserved index in the tag and descriptor keeps ranks that disagree
@@ -197,6 +179,24 @@ inline void Communicator::describe(CallPlan& p) {
 // ---------------------------------------------------------------------------
 // run
 
+// Descriptor agreement. Every message's tag carries the descriptor (exact for
+// root < 4096, count < 2^32), so a receiver finds a disagreement with its
+// sender. That is not enough where a rank only sends (broadcast/scatter root,
+// gather and reduce leaves) or where ranks disagree about the root (they
+// then disagree about who talks to whom and may wait for messages nobody
+// sends). Rooted collectives therefore run the exact descriptor check of
+// Context::startCheck alongside the data (posted first, compared while
+// waiting, completed at the end): every rank hears from every rank, directly
+// or through data that only agreeing ranks forward (checkShape). A rank whose
+// data disagrees raises MismatchError in the call; one that only sent, or
+// whose data agreed (defersCheck), raises at a later call (by its next
+// non-deferring call, HARP_CHECK_WINDOW calls, or destroy()). Cost: with an
+// exact tag each broadcast/scatter receiver sends its 24-byte descriptor to its
+// p-1 peers and nobody waits for one; ABBA figures against the tree before the
+// check in bench/RESULTS.md ("Deferred root check"). Large messages unchanged.
+// Allreduce pays only the closing check (closingCheck). Zero counts and
+// descriptors the tag cannot carry run the check before the algorithm (a rank
+// with count 0 would otherwise return before anyone could compare).
 inline void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
   CollArgs& a = p.args;
   // The Context outlives the catch below: markBroken() fails the
@@ -206,8 +206,11 @@ inline void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
   try {
     Context& ctx = live.emplace(res_, rank_, size_, a, p.tag, p.timeout);
     if (p.check) {
-      const Context::CheckShape shape = p.rooted ? checkShape(a, p.desc, *p.algo) : Context::CheckShape::kAll;
-      ctx.startCheck(p.desc, shape, p.rooted && defersCheck(a, rank_, shape));
+      // A copy: the plan's address never escapes, so the compiler keeps it in
+      // registers (passing p.desc itself cost ~23 instructions a call, callgrind).
+      const Descriptor d = p.desc;
+      const Context::CheckShape shape = p.rooted ? checkShape(a, d, *p.algo) : Context::CheckShape::kAll;
+      ctx.startCheck(d, shape, p.rooted && defersCheck(a, rank_, shape));
       if (!p.rooted || a.count == 0) ctx.finishCheck();
     }
     p.algo->fn(ctx);
@@ -274,7 +277,6 @@ void Communicator::closingCheck(const CollArgs& a, uint32_t seq, bool deferred) 
     }
   } while (!done_word_.compare_exchange_weak(w, static_cast<uint64_t>(seq) << 1, std::memory_order_acq_rel));
 }
-
 
 // ---------------------------------------------------------------------------
 // finish
