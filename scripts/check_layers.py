@@ -4,31 +4,39 @@
 Usage:
     python3 scripts/check_layers.py [--root DIR] [--quiet]
 
-Reads every C/C++ source under base/, bootstrap/, core/, transport/ and
-bindings/ of the tree at --root (default: this checkout), resolves each
+Reads every C/C++ source under base/, bootstrap/, core/, transport/,
+bindings/ and include/ of the tree at --root (default: this checkout), resolves each
 #include "..." (and each #include <base/...>, <core/...>, ...) to a file of the
 tree, and checks that the layers only point down. The folders are the layers
 (LAYERS below, lowest first):
 
     base        base/**                           (types, vocab, params, env, log, reduce)
     bootstrap   bootstrap/**                      (socket, crypto, store, rendezvous, bootstrap)
-    transports  transport/*.{h,cc}                (the interface, registry, handshake)
+    transports  transport/*.{h,cc}                (the interface and its registry)
+                transport/common/**               (what several transports share: handshake)
                 transport/<name>/**               (one transport each)
     algorithm   core/engine/context.h, core/algorithms/*.h   (the algorithm API)
     engine      core/*, core/algorithms/**        (communicator, context, tuning, algorithms)
-    bindings    bindings/**                       (Python, NCCL C API)
+    bindings    bindings/**                       (Python, NCCL C API, the C++ API's facade)
+    public      include/**                        (the public C++ API: include/harp/harp.h)
 
 Rules (the name in brackets is what a violation report says):
   [base-only]       base/** includes only base/**.
   [bootstrap-only]  bootstrap/** includes only base/** and bootstrap/**.
   [transport-only]  transport/** includes only base/**, bootstrap/** and transport/*
-                    (the files directly in transport/); a file in
-                    transport/<name>/ may also include its own folder, never
-                    another transport's (transport/<other>/...), and a file
-                    directly in transport/ never includes a transport folder.
+                    (the files directly in transport/: the interface); a file in
+                    transport/<name>/ may also include its own folder and
+                    transport/common/, never another transport's
+                    (transport/<other>/...), and a file directly in transport/
+                    never includes a transport folder.
+  [transport-common] transport/common/** (what several transports share) sits
+                    between the interface and the transports: it may include
+                    base/**, bootstrap/**, the interface and itself, never a
+                    transport folder; the interface (transport/*) never
+                    includes transport/common/.
   [hosted-algorithm] A file a transport hosts as an algorithm may in addition
                     include the algorithm API headers (ALGORITHM_API below).
-                    Such a file lives in transport/<name>/ and carries the
+                    Such a file lives in transport/<name>/ (not common/) and carries the
                     marker line
                         // harp-layer: algorithm
                     (a line of its own, before the includes). The marker
@@ -53,6 +61,10 @@ Rules (the name in brackets is what a violation report says):
                     transport interface, core/topology/): an algorithm that
                     includes the API never sees the Communicator.
   [no-bindings]     Nothing outside bindings/ includes bindings/**.
+  [public-closed]   include/** (the public C++ API) includes no file of the tree
+                    but include/**: a program needs only include/ and libharp.
+  [public-api]      Only bindings/ (the facade that implements it) includes
+                    include/**; the engine never sees the public header.
   [resolves]        Every quoted include names a file of the tree (relative
                     to the including file or to the root), except the
                     generated headers listed in GENERATED.
@@ -81,7 +93,7 @@ SOURCE_SUFFIXES = (".h", ".hh", ".hpp", ".c", ".cc", ".cpp", ".cxx", ".inc", ".h
 # The layers, lowest first: (name, folder). An arrow may only point to its own
 # layer or one listed before it (the transport and engine rules add detail).
 LAYERS = (("base", "base/"), ("bootstrap", "bootstrap/"), ("transport", "transport/"),
-          ("engine", "core/"), ("bindings", "bindings/"))
+          ("engine", "core/"), ("bindings", "bindings/"), ("public", "include/"))
 TOP_DIRS = tuple(folder.rstrip("/") for _, folder in LAYERS)
 # The algorithm API: what an algorithm hosted by a transport may include
 # besides base and transport headers (fnmatch patterns): the Context and the
@@ -92,6 +104,8 @@ ALGORITHM_API = ("core/engine/context.h", "core/engine/call.h", "core/engine/res
 # The engine's own layers, lowest first (folders of core/).
 CORE_LAYERS = ("core/topology/", "core/ft/", "core/observe/", "core/select/", "core/compress/",
                "core/algorithms/", "core/engine/")
+# The folder of transport/ that holds what several transports share (not a transport).
+TRANSPORT_COMMON = "common"
 # The one header through which the engine sees transports.
 TRANSPORT_API = ("transport/transport.h",)
 # Headers generated into the build tree (configure_file), by include name.
@@ -249,7 +263,7 @@ def concrete_transport_classes(files: dict[str, Source]) -> set[str]:
     bases: dict[str, list[str]] = {}
     decl = re.compile(r"\b(?:class|struct)\s+(\w+)\s*(?:final\s*)?:\s*([^{;]+)\{")
     for rel, src in files.items():
-        if transport_folder(rel) is None:
+        if transport_folder(rel) in (None, TRANSPORT_COMMON):
             continue
         for m in decl.finditer(strip_code(src.text)):
             names = re.findall(r"(\w+)\s*(?:,|$)", m.group(2).strip())
@@ -278,7 +292,12 @@ def check_includes(src: Source, out: list[Violation]) -> None:
                 bad("resolves", "names no file of the tree (list generated headers in GENERATED)")
             continue
         t_layer, t_folder = layer_of(target), transport_folder(target)
-        if t_layer == "bindings" and layer != "bindings":
+        if layer == "public" and t_layer != "public":
+            bad("public-closed", f"the public C++ API includes only the standard library and include/, not {target}")
+        elif t_layer == "public" and layer not in ("bindings", "public"):
+            bad("public-api", f"only bindings/ (the C++ API's facade) includes the public header; {layer} code uses "
+                "the engine's own headers")
+        elif t_layer == "bindings" and layer != "bindings":
             bad("no-bindings", f"{layer} code must not include the bindings")
         elif layer == "base" and t_layer != "base":
             bad("base-only", f"base/ includes only base/, not the {t_layer} layer ({target})")
@@ -290,16 +309,25 @@ def check_includes(src: Source, out: list[Violation]) -> None:
             check_core_include(src, target, bad)
         elif layer == "engine" and t_layer == "transport" and target not in TRANSPORT_API:
             bad("engine-interface", "the engine reaches transports only through " + ", ".join(TRANSPORT_API) +
-                (f", never a concrete transport's header (transport/{t_folder}/)" if t_folder else ""))
+                (", never transport/common/" if t_folder == TRANSPORT_COMMON else
+                 f", never a concrete transport's header (transport/{t_folder}/)" if t_folder else ""))
 
 
 def check_transport_include(src: Source, own, target, t_layer, t_folder, bad) -> None:
     if t_layer in ("base", "bootstrap"):
         return
     if t_layer == "transport":
+        if t_folder == TRANSPORT_COMMON:
+            if own is None:
+                bad("transport-common", f"transport/{os.path.basename(src.rel)} is the interface, below "
+                    "transport/common/: it must not include it")
+            return
         if t_folder is None or t_folder == own:
             return
-        if own is None:
+        if own == TRANSPORT_COMMON:
+            bad("transport-common", f"transport/common/ is shared by the transports and must not include one "
+                f"(transport/{t_folder}/)")
+        elif own is None:
             bad("transport-only", f"transport/{os.path.basename(src.rel)} is the interface layer and must not "
                 f"include a concrete transport (transport/{t_folder}/)")
         else:
@@ -336,9 +364,10 @@ def check_engine_code(src: Source, concrete: set[str], folders: set[str], out: l
 
 
 def check_markers(src: Source, out: list[Violation]) -> None:
-    if src.hosted and transport_folder(src.rel) is None:
+    if src.hosted and transport_folder(src.rel) in (None, TRANSPORT_COMMON):
         out.append(Violation(src.rel, src.marker_line, "// harp-layer: algorithm", "hosted-algorithm",
-                             "the algorithm marker belongs only in a transport's folder (transport/<name>/)"))
+                             "the algorithm marker belongs only in a transport's folder (transport/<name>/, "
+                             "not transport/common/)"))
 
 
 def check_cycles(files: dict[str, Source], out: list[Violation]) -> None:
@@ -355,7 +384,8 @@ def check(root: Path) -> tuple[list[Violation], dict[str, Source]]:
     files = collect(root)
     parse(files, root)
     concrete = concrete_transport_classes(files)
-    folders = {p.name for p in (root / "transport").iterdir() if p.is_dir()} if (root / "transport").is_dir() else set()
+    folders = ({p.name for p in (root / "transport").iterdir() if p.is_dir() and p.name != TRANSPORT_COMMON}
+               if (root / "transport").is_dir() else set())
     out: list[Violation] = []
     for src in files.values():
         if core_layer(src.rel) == len(CORE_LAYERS):

@@ -41,7 +41,7 @@ def reports(stdout):
 
 @pytest.fixture
 def tree(tmp_path):
-    for top in ("base", "bootstrap", "core", "transport", "bindings"):
+    for top in ("base", "bootstrap", "core", "transport", "bindings", "include"):
         shutil.copytree(os.path.join(ROOT, top), tmp_path / top)
     return tmp_path
 
@@ -102,7 +102,19 @@ INCLUDE_CASES = [
     ("transport/shm/allreduce_shm.cc", '#include "core/engine/communicator.h"', "transport-only"),
     ("core/engine/communicator.cc", '#include "transport/shm/shm_transport.h"', "engine-interface"),
     ("core/algorithms/allreduce_ring.cc", '#include "transport/tcp/tcp.cc"', "engine-interface"),
-    ("core/engine/context.cc", '#include "transport/handshake.h"', "engine-interface"),
+    ("core/engine/context.cc", '#include "transport/common/handshake.h"', "engine-interface"),
+    # transport/common/: between the interface and the transports.
+    ("transport/common/handshake.cc", '#include "transport/tcp/tcp.h"', "transport-common"),
+    ("transport/common/link_static.cc", '#include "transport/shm/shm_segment.h"', "transport-common"),
+    ("transport/registry.cc", '#include "transport/common/handshake.h"', "transport-common"),
+    ("transport/common/handshake.cc", '#include "core/engine/communicator.h"', "transport-only"),
+    ("transport/verbs/verbs.h", '#include "transport/common/handshake.h"', None),  # a transport uses common
+    ("transport/common/link_static.cc", '#include "transport/transport.h"', None),  # common uses the interface
+    # include/: the public C++ API stands alone, and only the bindings see it.
+    ("include/harp/harp.h", '#include "base/types.h"', "public-closed"),
+    ("core/engine/communicator.cc", '#include "include/harp/harp.h"', "public-api"),
+    ("transport/tcp/tcp.cc", '#include "include/harp/harp.h"', "public-api"),
+    ("bindings/python_module.cc", '#include "include/harp/harp.h"', None),
     ("core/engine/context.cc", '#include "bindings/nccl/nccl.h"', "no-bindings"),
     ("core/select/tuning.cc", '#include "core/no_such_header.h"', "resolves"),
     # Inside core/: folders as layers (CORE_LAYERS) and the closed algorithm API.
@@ -175,6 +187,16 @@ def test_marker_outside_a_transport_folder_is_reported(tree):
     assert rc == 1, out
     assert sorted(reports(out)) == [("core/algorithms/allreduce_ring.cc", 1, "hosted-algorithm"),
                                     ("transport/registry.cc", 1, "hosted-algorithm")], out
+
+
+def test_marker_in_transport_common_is_reported(tree):
+    # transport/common/ is shared code, not a transport: it hosts no algorithm.
+    path = tree / "transport" / "common" / "link_static.cc"
+    lines = path.read_text().splitlines(keepends=True)
+    lines.insert(1, "// harp-layer: algorithm\n")
+    path.write_text("".join(lines))
+    rc, out, err = run_check(tree)
+    assert rc == 1 and reports(out) == [("transport/common/link_static.cc", 2, "hosted-algorithm")], out + err
 
 
 def test_include_cycle_is_reported(tree):

@@ -108,7 +108,7 @@ struct CommInfo {
   uint64_t comm_id = 0;       // unique per communicator instance in the job
   std::string token;          // random per-communicator secret drawn by rank 0 and read from the
                               // authenticated store; any length. Never sent: it keys the
-                              // challenge-response (transport/handshake.h) of every connection
+                              // challenge-response (transport/common/handshake.h) of every connection
   double timeout_s = 300.0;   // bound for any blocking step in setup
   std::string bind_hint;      // IP of the local interface that reaches the bootstrap
                               // root; socket transports listen there by default

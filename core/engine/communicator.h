@@ -49,9 +49,11 @@ namespace harp {
 
 class Context;
 class Communicator;
+struct CallPlan;  // core/engine/pipeline.h
 class KeepAlive;  // core/ft/keepalive.h
 namespace obs {
 class Recorder;  // core/observe/recorder.h
+class OpScope;
 }
 
 class Communicator : public Group, public std::enable_shared_from_this<Communicator> {
@@ -132,15 +134,24 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   void assignPeers(Plan& plan, const std::vector<std::vector<std::string>>& avail) const;
   transport::CommInfo commInfo() const;
   void connectTransports(const Plan& plan, const transport::CommInfo& info);
+  // Where a call runs (core/engine/executor.cc).
   void execute(CollArgs& a, Work& w);
-  void runCollective(CollArgs& a);
-  void runWith(CollArgs& a, DataType user_dtype);
-  void runIntAvg(CollArgs& a);
-  void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
-  void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
+  void workerLoop();
+  // The call's stages, in order (core/engine/pipeline.h; validate.cc, pipeline.cc).
+  // choose/describe/runPlan/finish are inline, defined and used in pipeline.cc
+  // only: runStages runs them without calls through the PLT.
   void validate(const CollArgs& a) const;
   void checkBuffers(const CollArgs& a) const;
-  void workerLoop();
+  void runCollective(CollArgs& a);
+  void runIntAvg(CollArgs& a);
+  void runStages(CollArgs& a, DataType user_dtype);
+  inline void choose(CallPlan& p);
+  inline void describe(CallPlan& p);
+  inline void runPlan(CallPlan& p, obs::OpScope& recorded);
+  [[noreturn]] void failCall(const Error& e, Context* ctx);
+  void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
+  inline void finish(CallPlan& p);
+  void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 

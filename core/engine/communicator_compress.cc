@@ -1,7 +1,7 @@
 // core/engine/communicator_compress.cc — the communicator's side of wire
 // compression: its CompressEngine (core/compress/compress.h), made at the
 // first call that may compress, and the choice of a compressed algorithm for
-// one call (Communicator::runWith asks before selection).
+// one call (the pipeline's choose stage asks before selection, core/engine/pipeline.h).
 #include <memory>
 #include <mutex>
 #include <string>

@@ -1,4 +1,4 @@
-// transport/handshake: a dial that fails in the same round in which another
+// transport/common/handshake: a dial that fails in the same round in which another
 // dial finished must leave nothing for ~Handshake to free or close twice
 // (regression: a rank killed while lazily made sub-communicators connected
 // crashed rank 0 with glibc's "double free or corruption" and, through a stray
@@ -15,7 +15,7 @@
 
 #include "bootstrap/socket.h"
 #include "base/types.h"
-#include "transport/handshake.h"
+#include "transport/common/handshake.h"
 
 using namespace harp;
 using harp::transport::Handshake;

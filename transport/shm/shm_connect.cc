@@ -18,7 +18,7 @@
 #include "base/env.h"
 #include "base/log.h"
 #include "bootstrap/socket.h"
-#include "transport/handshake.h"
+#include "transport/common/handshake.h"
 #include "transport/shm/shm_transport.h"
 
 namespace harp::transport::shm {
@@ -286,7 +286,7 @@ Hello ShmTransport::myHello() const {
   return mine;
 }
 
-// Steps 1-2: the authenticated hello of transport/handshake.h on one abstract
+// Steps 1-2: the authenticated hello of transport/common/handshake.h on one abstract
 // unix socket per pair (lower rank connects), run for all peers at once; only
 // processes of our uid (or root) are even answered (SO_PEERCRED), and the peer
 // must be the process the peer rank published.

@@ -18,7 +18,7 @@
 // wait(), which blocks in the kernel.
 //
 // Connection setup: lower rank accepts, higher rank connects; each connection
-// opens with the mutual challenge-response of transport/handshake.h (context
+// opens with the mutual challenge-response of transport/common/handshake.h (context
 // "tcp|<comm id>|<connector>|<acceptor>|<lane>"), run for all lanes at once. A
 // connection that fails it is refused and logged; nothing else is ever read
 // from it. Then both ends exchange a LaneHello on lane 0 (lane count and chunk
@@ -43,7 +43,7 @@
 
 #include "base/env.h"
 #include "base/log.h"
-#include "transport/handshake.h"
+#include "transport/common/handshake.h"
 #include "transport/tcp/tcp.h"
 
 namespace harp::transport::tcp {
@@ -227,7 +227,7 @@ void TcpTransport::exchangeHello(TcpPair& p, Deadline dl) {
   }
 }
 
-// The handshake of every connection (transport/handshake.h); keep_going: lazy set-up.
+// The handshake of every connection (transport/common/handshake.h); keep_going: lazy set-up.
 Handshake::Config TcpTransport::handshakeConfig(bool keep_going) {
   Handshake::Config cfg;
   cfg.transport = "tcp";
@@ -293,7 +293,7 @@ void TcpTransport::connect(const std::vector<int>& peers, const std::vector<std:
 // ---- lazy set-up ------------------------------------------------------------
 // Pairs exist from the start, without sockets; the listener stays open and
 // awaits every higher peer; a pair's first post dials a lower peer. The
-// handshake (transport/handshake.h, keep_going) and the lane hellos run from
+// handshake (transport/common/handshake.h, keep_going) and the lane hellos run from
 // progress() and wait(), so a rank serves its peers' dials whenever it is
 // inside any call. A dial that fails for good fails the pair's requests.
 // HARP_SOCKET_NSTREAMS=auto is not probed here: such pairs get one lane.

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "bootstrap/socket.h"
-#include "transport/handshake.h"
+#include "transport/common/handshake.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 

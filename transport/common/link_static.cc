@@ -1,4 +1,4 @@
-// transport/link_static.cc — registers a transport module's objects that are
+// transport/common/link_static.cc — registers a transport module's objects that are
 // linked straight into an executable (the verbs and dpdk selftests use the
 // transport classes directly, so they link the objects, not the dlopen-ed
 // module). Runs once at start-up, before main; the registry then skips the

@@ -1,5 +1,5 @@
-// transport/handshake.cc — see handshake.h for the protocol and the rules.
-#include "transport/handshake.h"
+// transport/common/handshake.cc — see handshake.h for the protocol and the rules.
+#include "transport/common/handshake.h"
 
 #include <errno.h>
 #include <fcntl.h>

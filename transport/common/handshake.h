@@ -1,4 +1,4 @@
-// transport/handshake.h — the authenticated hello that opens every stream
+// transport/common/handshake.h — the authenticated hello that opens every stream
 // data-plane connection (tcp sockets, shm's unix sockets), and the driver that
 // runs all of a rank's hellos — outgoing and incoming — at once.
 //
