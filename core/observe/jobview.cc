@@ -237,14 +237,13 @@ std::string statusOf(Recorder& r, int root, int lo, int hi, Deadline dl) {
 }
 
 bool readInt(const std::string& s, size_t* pos, long long lo, long long hi, long long* v) {
-  size_t i = *pos, start = i;
+  size_t i = *pos;
   bool neg = i < s.size() && s[i] == '-';
   if (neg) ++i;
   long long x = 0;
   size_t digits = 0;
   while (i < s.size() && s[i] >= '0' && s[i] <= '9' && digits < 12) x = x * 10 + (s[i++] - '0'), ++digits;
   if (!digits || (i < s.size() && s[i] != ' ')) return false;
-  (void)start;
   x = neg ? -x : x;
   if (x < lo || x > hi) return false;
   *v = x;
@@ -317,7 +316,8 @@ bool parseRequest(const std::string& body, int size, Request* out, std::string* 
   size_t pos = 7;
   long long root, lo, hi, ms;
   if (!readInt(body, &pos, -1, size - 1, &root) || !readInt(body, &pos, 0, size - 1, &lo) ||
-      !readInt(body, &pos, lo + 1, size, &hi) || !readInt(body, &pos, 1, 60000, &ms) || pos != body.size()) {
+      !readInt(body, &pos, lo + 1, size, &hi) || !readInt(body, &pos, 1, 60000, &ms) || pos != body.size() ||
+      body.back() == ' ') {
     *err = "malformed STATUS: want <root -1.." + std::to_string(size - 1) + "> <lo> <hi> (0 <= lo < hi <= " +
            std::to_string(size) + ") <budget_ms 1..60000>, one space apart";
     return false;

@@ -467,7 +467,12 @@ def analyze(ranks) -> dict:
             on = sorted(set(gone + dead + [o["rank"] for o in ok if o["started"] < f["seq"]]))
             waiting.append({"rank": e["rank"], "collective": f["collective"], "seq": f["seq"],
                             "waited_s": f.get("running_s", 0.0), "on": on})
-    blame = sorted(set(dead + gone + (mismatch["blame"] if mismatch else []) + (lagging if waiting else [])))
+    # A lagging rank still inside an earlier collective waits too: the blame goes to the ranks that stopped,
+    # died or called another collective; only without them to the lagging ranks (idle ones first).
+    blame = sorted(set(dead + gone + (mismatch["blame"] if mismatch else [])))
+    if not blame and waiting:
+        idle = [r for r in lagging if not next(e for e in ok if e["rank"] == r).get("in_flight")]
+        blame = idle or lagging
     return {"dead": dead, "unreachable": gone, "lagging": lagging, "furthest_started": top, "waiting": waiting,
             "mismatch": mismatch, "blame": blame}
 
