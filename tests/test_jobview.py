@@ -280,3 +280,30 @@ def test_oversized_request_refused(one_job):
     a = _authed(one_job, b"STATUS " + b"1" * 300)
     assert "over 256 bytes" in json.loads(a)["error"]
     assert json.loads(_authed(one_job, b"ADDRS"))["size"] == 2  # still answering
+
+
+def metrics_rank(rank, size):
+    """Rank 0 scrapes the job-wide gauges (and the per-process counters) while every rank is alive."""
+    import numpy as np
+
+    import harp
+    import harp.metrics
+
+    comm = harp.init(timeout=60)
+    comm.allreduce(np.ones(8, np.float32))
+    text = harp.metrics.generate(job=True) if rank == 0 else harp.metrics.generate()
+    comm.barrier()
+    return comm.rank, text
+
+
+def test_prometheus_job_gauges_served_by_rank_0(tmp_path):
+    sdir = tmp_path / "status"
+    sdir.mkdir(mode=0o700)
+    out = harness.run_ranks(3, metrics_rank, env={"HARP_STATUS_DIR": str(sdir), "HARP_TRANSPORT": "tcp"}, timeout=120)
+    texts = dict(out)
+    for r in range(3):
+        assert "harp_collective_calls_total{" in texts[r]  # per-process metrics keep working
+    assert re.search(r'harp_job_ranks\{comm="[0-9a-f]{16}",state="ok"\} 3\.0', texts[0])
+    assert re.search(r'harp_job_ranks\{comm="[0-9a-f]{16}",state="dead"\} 0\.0', texts[0])
+    assert "harp_job_view_seconds{" in texts[0]
+    assert "harp_job_ranks" not in texts[1] and "harp_job_ranks" not in texts[2]
