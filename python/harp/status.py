@@ -280,6 +280,12 @@ def _op(f):
     return f"{name} count={f['count']} {f['dtype']} algo={f['algorithm']} running {f['running_s']:.3f} s"
 
 
+def _rank_line(rank, pid, where, v):
+    """One rank's line: where it runs, its counters and what it is doing (v: started, completed, in_flight)."""
+    return (f"  rank {rank:>4} pid {pid} on {where}: started #{v['started']} completed #{v['completed']}, "
+            f"{_op(v.get('in_flight'))}")
+
+
 def _text(comms, answers):
     lines = []
     errors = [(p, a["error"]) for p, a in answers if "error" in a]
@@ -287,8 +293,7 @@ def _text(comms, answers):
         lines.append(f"communicator {g['comm']}: {g['size']} ranks, transport {g['transport']}, "
                      f"hosts {', '.join(sorted(set(g['hosts'])))}")
         for r, v in g["ranks"].items():
-            lines.append(f"  rank {r:>4} pid {v['pid']} on {v['host']}: started #{v['started']} "
-                         f"completed #{v['completed']}, {_op(v['in_flight'])}")
+            lines.append(_rank_line(r, v["pid"], v["host"], v))
             if v["stall_view"]:
                 lines.append(f"             {v['stall_view']}")
         if g["lagging"]:
@@ -491,14 +496,10 @@ def job_text(views, errors) -> str:
             if e["state"] != "ok":
                 lines.append(f"  rank {e['rank']:>4} pid {e.get('pid')} on {where}: {e['state'].upper()} ({e.get('error', '')})")
                 continue
-            lines.append(f"  rank {e['rank']:>4} pid {e['pid']} on {where} [{e.get('transport')}]: started "
-                         f"#{e['started']} completed #{e['completed']}, {_op(e.get('in_flight'))}")
-        if a["dead"]:
-            lines.append(f"  dead ranks: {_ranks_text(a['dead'])}")
-        if a["unreachable"]:
-            lines.append(f"  unreachable ranks (stopped, frozen or cut off): {_ranks_text(a['unreachable'])}")
-        if a["lagging"]:
-            lines.append(f"  lagging ranks (started fewer than #{a['furthest_started']}): {_ranks_text(a['lagging'])}")
+            lines.append(_rank_line(e["rank"], e["pid"], f"{where} [{e.get('transport')}]", e))
+        labels = {"dead": "dead ranks", "unreachable": "unreachable ranks (stopped, frozen or cut off)",
+                  "lagging": f"lagging ranks (started fewer than #{a['furthest_started']})"}
+        lines += [f"  {label}: {_ranks_text(a[k])}" for k, label in labels.items() if a[k]]
         if a["mismatch"]:
             m = a["mismatch"]
             by = "; ".join(f"{c} on ranks {_ranks_text(r)}" for c, r in m["by_collective"].items())
