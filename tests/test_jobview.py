@@ -307,3 +307,57 @@ def test_prometheus_job_gauges_served_by_rank_0(tmp_path):
     assert re.search(r'harp_job_ranks\{comm="[0-9a-f]{16}",state="dead"\} 0\.0', texts[0])
     assert "harp_job_view_seconds{" in texts[0]
     assert "harp_job_ranks" not in texts[1] and "harp_job_ranks" not in texts[2]
+
+
+def test_ranks_sharing_a_process_answer_in_one_view(tmp_path, monkeypatch):
+    """Three ranks as threads of this process and one more process: the tree serves the local ranks
+    in-process (its own observer is busy with the request) and reaches the other process."""
+    import threading
+
+    import numpy as np
+
+    import harp
+
+    sdir = tmp_path / "status"
+    sdir.mkdir(mode=0o700)
+    monkeypatch.setenv("HARP_STATUS_DIR", str(sdir))
+    monkeypatch.setenv("HARP_TRANSPORT", "tcp")
+    uid = harp.get_unique_id("127.0.0.1:0")
+    comms = [None] * 3
+
+    def make(r):
+        comms[r] = harp.Communicator(r, 4, uid, timeout=60)
+
+    procs, q = harness.start_ranks(1, _fourth, uid.hex())
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    try:
+        eps, _ = status.job_endpoints([harp._harp.obs_status_socket()])
+        assert [(e["rank"], e["size"]) for e in eps] == [(0, 4)]
+        v = status.job_view(eps[0]["addr"], eps[0]["comm"], bytes.fromhex(eps[0]["key"]), 4)
+        assert [e["state"] for e in v["ranks"]] == ["ok"] * 4
+        assert {e["pid"] for e in v["ranks"][:3]} == {os.getpid()} and v["ranks"][3]["pid"] == procs[0].pid
+        ts = [threading.Thread(target=comms[r].allreduce, args=(np.ones(4, np.float32),)) for r in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+    finally:
+        for c in comms:
+            if c is not None:
+                c.destroy()
+        procs[0].join(30)
+        procs[0].kill()
+
+
+def _fourth(rank, size, uid_hex):
+    import numpy as np
+
+    import harp
+
+    c = harp.Communicator(3, 4, harp.UniqueId.from_hex(uid_hex), timeout=60)
+    c.allreduce(np.ones(4, np.float32))
+    c.destroy()
