@@ -109,7 +109,7 @@ def _state(view, rank):
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_sigstopped_rank_named_from_two_hosts(job, n):
+def test_sigstopped_rank_named_from_two_hosts(job, n, tmp_path):
     procs, socks, ep = job(n)
     victim = n // 2  # on hostB (ranks n//2 ..) when n > 2
     os.kill(procs[victim].pid, signal.SIGSTOP)
@@ -131,6 +131,12 @@ def test_sigstopped_rank_named_from_two_hosts(job, n):
     assert f"rank {victim:>4} pid {procs[victim].pid} on " in b.stdout and "UNREACHABLE" in b.stdout
     assert f"unreachable ranks (stopped, frozen or cut off): {victim}" in b.stdout
     assert f"to blame: {victim}" in b.stdout
+    if n == 4:  # the gathered flight records: the stopped rank gives none and is blamed
+        d = tool("--job", "--json", "--dump", str(tmp_path / "dumps"), "--socket", socks[0])
+        (res,) = json.loads(d.stdout)["dumps"]
+        assert sorted(res["written"]) == [r for r in range(n) if r != victim] and list(res["no_record"]) == [str(victim)]
+        (g,) = res["groups"].values()
+        assert g["first"]["kind"] in ("unfinished", "stopped") and victim in g["first"]["blame"]
 
 
 def test_killed_rank_shown_dead(job):

@@ -600,9 +600,11 @@ def analyze_dumps(paths) -> dict:
             elif missing:
                 first = {"seq": seq, "kind": "stopped", "collective": next(iter(names), None), "blame": missing,
                          "unfinished": unfinished}
-            elif unfinished and len(unfinished) < len(ranks):
-                first = {"seq": seq, "kind": "unfinished", "collective": next(iter(names), None),
-                         "blame": [r for r in ranks if r not in unfinished], "unfinished": unfinished}
+            elif unfinished:
+                # Every rank with a record called it and some never finished it: they wait (on a rank
+                # without a record, which the caller adds to the blame).
+                first = {"seq": seq, "kind": "unfinished", "collective": next(iter(names), None), "blame": [],
+                         "unfinished": unfinished}
             if first:
                 break
         out[pg] = {"ranks": ranks, "first": first}
@@ -678,6 +680,9 @@ def _job_main(args) -> int:
                 continue
             res = analyze_dumps(done)
             res.update(comm=comm, folder=folder, written=sorted(done), no_record=failed)
+            for g in res["groups"].values():  # a rank that gave no record is to blame with the others
+                if g["first"]:
+                    g["first"]["blame"] = sorted(set(g["first"]["blame"]) | set(failed))
             results.append(res)
         if args.json:
             print(_json_out({"dumps": results, "errors": dict(errors)}))
@@ -706,14 +711,15 @@ def _dump_text(results, errors) -> str:
         for pg, g in r["groups"].items():
             f = g["first"]
             if not f:
-                lines.append(f"  {pg}: the records agree")
+                lines.append(f"  {pg}: the records agree" + (f"; no record from ranks {_ranks_text(sorted(r['no_record']))}"
+                                                              if r["no_record"] else ""))
             elif f["kind"] == "mismatch":
                 by = "; ".join(f"{n} on ranks {_ranks_text(v)}" for n, v in f["by_collective"].items())
                 lines.append(f"  {pg}: first disagreement at collective #{f['seq']}: {by}; to blame: "
                              f"{_ranks_text(f['blame'])}")
             else:
-                lines.append(f"  {pg}: collective #{f['seq']} ({f['collective']}) {f['kind']}: to blame: "
-                             f"{_ranks_text(sorted(set(f['blame']) | set(r['no_record'])))}")
+                lines.append(f"  {pg}: collective #{f['seq']} ({f['collective']}): {f['kind']}, unfinished on "
+                             f"{len(f['unfinished'])} rank(s); to blame: {_ranks_text(f['blame'])}")
     for where, e in errors:
         lines.append(f"{where}: {e}")
     return "\n".join(escape(line) for line in lines)
