@@ -346,6 +346,11 @@ def test_ranks_sharing_a_process_answer_in_one_view(tmp_path, monkeypatch):
         v = status.job_view(eps[0]["addr"], eps[0]["comm"], bytes.fromhex(eps[0]["key"]), 4)
         assert [e["state"] for e in v["ranks"]] == ["ok"] * 4
         assert {e["pid"] for e in v["ranks"][:3]} == {os.getpid()} and v["ranks"][3]["pid"] == procs[0].pid
+        # Children forked from a process with a listener open their own (the parent's stays the parent's).
+        kids = harness.run_ranks(2, _forked_view, timeout=120)
+        assert all(k[0] != eps[0]["addr"] for k in kids) and [s for s in kids[0][1]] == ["ok", "ok"]
+        v = status.job_view(eps[0]["addr"], eps[0]["comm"], bytes.fromhex(eps[0]["key"]), 4)
+        assert [e["state"] for e in v["ranks"]] == ["ok"] * 4
         ts = [threading.Thread(target=comms[r].allreduce, args=(np.ones(4, np.float32),)) for r in range(3)]
         for t in ts:
             t.start()
@@ -367,3 +372,17 @@ def _fourth(rank, size, uid_hex):
     c = harp.Communicator(3, 4, harp.UniqueId.from_hex(uid_hex), timeout=60)
     c.allreduce(np.ones(4, np.float32))
     c.destroy()
+
+
+def _forked_view(rank, size):
+    """A rank forked from a process that serves a job view: its own listener, its own view."""
+    import harp
+
+    comm = harp.init(timeout=60)
+    (ep,) = status.job_endpoints([harp._harp.obs_status_socket()])[0]
+    states = []
+    if rank == 0:
+        v = status.job_view(ep["addr"], ep["comm"], bytes.fromhex(ep["key"]), size)
+        states = [e["state"] for e in v["ranks"]]
+    comm.barrier()
+    return ep["addr"], states

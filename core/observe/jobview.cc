@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "base/env.h"
@@ -148,7 +149,7 @@ AskResult ask(const std::string& addr, uint64_t comm, const std::string& key, co
     const std::string nb(got, 32), ctx = contextOf(comm);
     if (!crypto::equal(std::string(got + 32, 32), crypto::proof(key, 'B', na, nb, ctx))) {
       ::close(fd);
-      *err = "the rank's proof is wrong (another job's listener, or a wrong key)";
+      *err = "the rank does not prove the key (its communicator is gone, or another process listens there)";
       return AskResult::kFailed;
     }
     stage = AskResult::kFailed;
@@ -228,7 +229,11 @@ std::string statusOf(Recorder& r, int root, int lo, int hi, Deadline dl) {
   int start = lo + 1;
   for (int i = 0; i < parts; ++i) {
     const int len = rest / parts + (i < rest % parts ? 1 : 0);
-    threads.emplace_back([&r, &got, i, root, start, len, dl] { got[i] = askRange(r, root, start, start + len, dl); });
+    try {
+      threads.emplace_back([&r, &got, i, root, start, len, dl] { got[i] = askRange(r, root, start, start + len, dl); });
+    } catch (const std::system_error&) {  // no thread to be had: this part on this thread
+      got[i] = askRange(r, root, start, start + len, dl);
+    }
     start += len;
   }
   for (auto& t : threads) t.join();  // each ends by dl (every wait in it has dl or less)
@@ -378,6 +383,17 @@ void join(Recorder& r) {
 }
 
 int listenFd() { return listener().poll_fd.load(); }
+
+void atforkPrepare() { listener().mu.lock(); }
+void atforkParent() { listener().mu.unlock(); }
+void atforkChild() {
+  Listener& l = listener();
+  if (l.fd >= 0) ::close(l.fd);  // the parent's listener stays the parent's
+  l.fd = -1;
+  l.addr.clear();
+  l.poll_fd.store(-1);
+  l.mu.unlock();
+}
 
 void serve(int listen_fd) {
   int cfd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

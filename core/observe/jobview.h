@@ -64,6 +64,12 @@ void join(Recorder& r);
 // The listener's fd (-1: none yet or off). The observer thread polls it.
 int listenFd();
 
+// fork(): observer.cc's pthread_atfork handlers call these; the child starts
+// without a listener (its first communicator opens its own).
+void atforkPrepare();
+void atforkParent();
+void atforkChild();
+
 // Observer thread: accept one connection and answer it (bounded, deadlines).
 void serve(int listen_fd);
 

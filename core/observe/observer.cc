@@ -115,9 +115,16 @@ void onSigusr1(int) {
   errno = saved;
 }
 
-void atforkPrepare() { state().mu.lock(); }
-void atforkParent() { state().mu.unlock(); }
+void atforkPrepare() {
+  state().mu.lock();
+  jobview::atforkPrepare();
+}
+void atforkParent() {
+  jobview::atforkParent();
+  state().mu.unlock();
+}
 void atforkChild() {
+  jobview::atforkChild();
   State& s = state();
   s.live.clear();
   s.started = false;
