@@ -79,7 +79,7 @@ std::shared_ptr<Recorder> find(uint64_t comm, int rank) {
 }
 
 std::string hostIdOf() {
-  if (env::has("HARP_HOSTID")) return env::str("HARP_HOSTID");
+  if (env::has("HARP_HOSTID")) return env::str("HARP_HOSTID").substr(0, 255);  // the entry stays under kEntryCap
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   return host;
