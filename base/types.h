@@ -14,8 +14,9 @@
 namespace harp {
 
 // The enums below are generated from base/vocab.def, the one list of
-// HARP's vocabulary (python/harp/_types.py, bindings/nccl/nccl.h and
-// python/harp/nccl.py are checked against it at build time).
+// HARP's vocabulary (python/harp/_types.py builds its classes from the same
+// lines through _harp.vocab(); bindings/nccl/nccl.h and python/harp/nccl/ are
+// checked against it at build time).
 enum class DataType : uint8_t {
 #define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) e = value,
 #include "base/vocab.def"

@@ -78,7 +78,7 @@ def main():
               " ".join(f"{statistics.median(r):.1f} ({min(r):.1f}-{max(r):.1f})" for r in per_rank))
     if a.json:
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
-        from harp.bench.stamp import stamp
+        from harp_dev.bench.stamp import stamp
         with open(a.json, "w") as f:
             json.dump({"stamp": stamp(sys.argv, a.transport, ["broadcast"]), "np": a.np, "iters": a.iters,
                        "runs": {t: out[t] for t in trees}}, f, indent=1)

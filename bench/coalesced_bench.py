@@ -3,16 +3,16 @@ as one allreduce_coalesced call, against one allreduce of the same 32 MB already
 separate allreduce calls; side by side in one job, iterations interleaved.
 
     python3 bench/coalesced_bench.py --where local --ranks 4 --iters 10 --repeat 3 \\
-        --out bench/vpc/results/coalesced-local.json
+        --out results/arena/coalesced-local.json
     python3 bench/coalesced_bench.py --where arena --ranks 4 --rate 1gbit --iters 5 --repeat 3 \\
-        --out bench/vpc/results/coalesced-arena.json
+        --out results/arena/coalesced-arena.json
 
 At round-trip time (the issue's goal: coalesced >= 3 x faster than 64 separate calls at RTT 1 ms,
 through torch's all_reduce_coalesced and NCCL groups too), with gloo and Open MPI beside HARP:
 
     python3 bench/coalesced_bench.py --where arena --name coalrtt --ranks 4 --delay 500us \
         --only coalesced/separate --with nccl,torch,mpi --iters 5 --repeat 3 \
-        --out bench/vpc/results/coalesced-rtt1ms.json
+        --out results/arena/coalesced-rtt1ms.json
 
 --with adds families of (coalesced, separate) pairs, each ratio separate / coalesced reported:
 nccl (harp.nccl, 64 allReduce inside groupStart/groupEnd vs outside), torch (torch.distributed
@@ -227,7 +227,7 @@ def print_table(title, summ):
 
 
 def arena(a, tmp, env, sizes, record):
-    from harp.cluster import net, topology as topo
+    from harp_dev.cluster import net, topology as topo
     import linkrate
     st = topo.load(a.name) or net.up(a.name, a.ranks, rate=a.rate, mtu=a.mtu, delay=a.delay, jitter=a.jitter,
                                      loss=a.loss)
@@ -237,9 +237,9 @@ def arena(a, tmp, env, sizes, record):
         env = dict(env, GLOO_SOCKET_IFNAME="eth0")
         record["link_MBps"] = [linkrate.measure(st, 1, 0) for _ in range(3)]
         link = statistics.median(record["link_MBps"])
-        prefix = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.ranks),
+        prefix = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.ranks),
                   "--timeout", str(a.timeout), "--"]
-        mpi = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.ranks), "--launcher",
+        mpi = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.ranks), "--launcher",
                "mpirun", "--timeout", str(a.timeout), "--"]
         reps = []
         for rep in range(a.repeat):

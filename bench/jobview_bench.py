@@ -1,7 +1,7 @@
 """The job view at scale: how long `harp-status --job` takes for n ranks on one host while they hang in an
 allreduce, and what the view costs an idle job (CPU time of every rank's observer thread over an idle window).
 
-    python3 bench/jobview_bench.py --ranks 256 --transport tcp --idle 60 --out bench/results-observe/jobview-256.json
+    python3 bench/jobview_bench.py --ranks 256 --transport tcp --idle 60 --out results/observe/jobview-256.json
 
 One harp-run job (bench/scale_bench.py's launcher). Every rank inits and reports ready; then every rank but the
 last enters an allreduce that the last rank joins only after --hang seconds (a hang the view must see through:

@@ -19,7 +19,7 @@ WARM=${WARM:-5}
   echo "# load before: $(cat /proc/loadavg)"
   for np_ in 2 4; do python3 bench/stream_copy.py -np $np_; done
   for np_ in 2 4; do
-    python3 -m harp.bench.cli allreduce -np $np_ -b 8 -e 64M -f 2 -n "$ITERS" -w "$WARM" \
+    python3 -m harp_dev.bench.cli allreduce -np $np_ -b 8 -e 64M -f 2 -n "$ITERS" -w "$WARM" \
       --compare gloo,mpi --json "$out/allreduce-np$np_.json" --no-progress
   done
   for np_ in 2 4; do python3 bench/stream_copy.py -np $np_; done

@@ -20,7 +20,7 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 for np_ in ${NPS:-2 4}; do
   echo "# $(date -u) load $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 bench/stream_copy.py -np "$np_"
-  ${NICE:-} python3 -m harp.bench.cli allreduce -np "$np_" -b 8 -e 64M -f 2 --compare gloo,mpi \
+  ${NICE:-} python3 -m harp_dev.bench.cli allreduce -np "$np_" -b 8 -e 64M -f 2 --compare gloo,mpi \
     --interleave "${REPS:-5}" --mpi-bind "${BIND:-core}" --json "$out/compare-np$np_.json" \
     --plot "$out/compare-np$np_.png" --no-progress 2>"$out/progress-np$np_.log"
   python3 bench/stream_copy.py -np "$np_"

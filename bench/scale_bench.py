@@ -2,7 +2,7 @@
 allreduce of every flat algorithm, a split, a shrink after one rank is killed and a destroy, at 16 .. 256 ranks (processes on the
 shared cores of this machine: no bandwidth claims).
 
-    python3 bench/scale_bench.py --ranks 16,64,128,256 --transport tcp --out bench/results-scale/scale-tcp.json
+    python3 bench/scale_bench.py --ranks 16,64,128,256 --transport tcp --out results/scale/scale-tcp.json
 
 Per rank count, one harp-run job; every rank records: the time from its call of harp.init()
 to the return (the job's init time is the last return minus the last call: the rendezvous and

@@ -32,6 +32,28 @@ using namespace harp;
 
 namespace {
 
+// base/vocab.def as data, for harp._types: {"dtypes": [(name, value, itemsize, numpy name)],
+// "dtype_aliases": [(alias, name)], "ops": [(name, value, Python name)], "op_aliases": [(alias,
+// name)], "colls": [(name, value, reduces, rooted, vcounts)]}, each list in vocab.def's order.
+// Built from the same X-macro lines as the C++ enums, so Python needs no edit for a new entry.
+py::dict vocabTables() {
+  py::list dtypes, dtype_aliases, ops, op_aliases, colls;
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) dtypes.append(py::make_tuple(#name, value, size, #np));
+#define HARP_DTYPE_ALIAS(alias, name) dtype_aliases.append(py::make_tuple(#alias, #name));
+#define HARP_REDOP(name, e, value, pyname, nccl, ncclv) ops.append(py::make_tuple(#name, value, #pyname));
+#define HARP_REDOP_ALIAS(alias, name) op_aliases.append(py::make_tuple(#alias, #name));
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts) \
+  colls.append(py::make_tuple(#name, value, bool(reduces), bool(rooted), bool(vcounts)));
+#include "base/vocab.def"
+  py::dict out;
+  out["dtypes"] = dtypes;
+  out["dtype_aliases"] = dtype_aliases;
+  out["ops"] = ops;
+  out["op_aliases"] = op_aliases;
+  out["colls"] = colls;
+  return out;
+}
+
 // A Store implemented in Python (the torch backend wraps torch's c10d Store).
 class PyStore : public Store {
  public:
@@ -291,6 +313,7 @@ PYBIND11_MODULE(_harp, m) {
     if (logEnabled(l, LogSubsys::kMisc)) logf(l, "%s", msg.c_str());
   }, py::arg("level"), py::arg("msg"));
   m.def("dtype_size", [](int dt) { return dtypeSize(static_cast<DataType>(dt)); });
+  m.def("vocab", &vocabTables, "base/vocab.def as Python data (harp._types builds its classes from it)");
   m.def("reduce_kernel", &reduceKernelName);
   m.def("algorithms", [](const std::string& coll) { return algorithmList(parseColl(coll)); });
   // Algorithm choice, as Communicator::algorithmFor makes it (core/select/select.h), with
@@ -325,7 +348,8 @@ PYBIND11_MODULE(_harp, m) {
         return py::dict(py::arg("pick") = s.pick->name, py::arg("source") = pickSourceName(s.source),
                         py::arg("reason") = s.reason(), py::arg("candidates") = cands,
                         py::arg("alpha") = s.params.alpha, py::arg("beta") = s.params.beta,
-                        py::arg("gamma") = s.params.gamma, py::arg("params_source") = s.params_source,
+                        py::arg("gamma") = s.params.gamma, py::arg("overhead") = burstLatency(s.params, 2) - s.params.alpha,
+                        py::arg("params_source") = s.params_source,
                         py::arg("count") = q.count);
       },
       py::arg("coll"), py::arg("bytes"), py::arg("ranks"), py::arg("transport"), py::arg("dtype") = "float32",

@@ -143,7 +143,7 @@ def measure_cluster(name, iters):
     import subprocess
     # the ranks import harp from where this process did (an installed wheel or a built checkout)
     env = dict(os.environ, HARP_TRANSPORT="tcp", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__))))
-    r = subprocess.run([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
+    r = subprocess.run([sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
                         "600", "--", sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(iters)],
                        capture_output=True, text=True, env=env, timeout=700)
     line = next((l for l in r.stdout.splitlines() if l.startswith("CALIB ")), None)

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""scripts/check_py_imports.py — no import circle among the modules of python/harp, and no
-reach into another module's privates.
+"""scripts/check_py_imports.py — no import circle among the modules of python/harp and
+python/harp_dev, no reach into another module's privates, and no use of the developer tools
+by the runtime.
 
 Usage:
     python3 scripts/check_py_imports.py [--root DIR]
 
-Reads every .py under DIR/python/harp (default: this checkout), collects each
+Reads every .py under DIR/python/harp and DIR/python/harp_dev (default: this checkout), collects each
 import of a harp module — at the top and inside functions alike (a lazy
 import only hides a circle) — and reports every group of modules that import
 each other, directly or through others (a strongly connected component of the
@@ -27,21 +28,32 @@ Communicator.calls, harp._work.CallLayer; ProcessGroupHarp.communicator).
 Private submodules (harp._buffers) and third-party privates (torch._C) are
 not members and are not reported; a third party's private that happens to
 share a member's name is marked on its line with `# private-ok: <why>`.
+
+Runtime and developer tools: the runtime wheel (python/harp, python/harp_torch_plugin)
+ships without harp_dev (harp-bench, harp-cluster; the harp-dev distribution), so no
+runtime module may import it: an `import harp_dev...` / `from harp_dev... import`,
+importlib.import_module("harp_dev...") or __import__, at the top or inside a function, or a
+string that is a harp_dev module name (what `python -m harp_dev.x` would run) is reported.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from pathlib import Path
 
 COMPILED = {"_harp"}  # extension modules of the package: no imports of their own
+PACKAGES = ("harp", "harp_dev")  # checked for circles and private reaches
+RUNTIME = ("harp", "harp_torch_plugin")  # what the runtime wheel ships
+DEV = "harp_dev"  # the developer tools, which the runtime never imports
+DEV_NAME = re.compile(r"^harp_dev(\.\w+)*$")
 
 
-def modules(root: Path) -> dict[str, Path]:
+def modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
     base = root / "python"
     out = {}
-    for path in sorted((base / "harp").rglob("*.py")):
+    for path in sorted(p for pkg in packages for p in (base / pkg).rglob("*.py")):
         name = ".".join(path.relative_to(base).with_suffix("").parts)
         if name.endswith(".__init__"):
             name = name[: -len(".__init__")]
@@ -123,6 +135,26 @@ def private_reaches(root: Path) -> list[str]:
     return out
 
 
+def dev_uses(root: Path) -> list[str]:
+    """'path:line: ...' for each use of harp_dev by a runtime module."""
+    out = []
+    for m, path in modules(root, RUNTIME).items():
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            named = []
+            if isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                named = [node.module]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DEV_NAME.match(node.value):
+                named = [node.value]  # importlib.import_module("harp_dev.x"), ["python", "-m", "harp_dev.x"]
+            for name in named:
+                if name == DEV or name.startswith(DEV + "."):
+                    out.append(f"{rel}:{node.lineno}: {m} uses {name}: the runtime never needs the developer "
+                               f"tools ({DEV}, the harp-dev distribution)")
+    return sorted(set(out))
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -171,16 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     graph = {m: imports(m, p, mods) for m, p in mods.items()}
     found = circles(graph)
     reaches = private_reaches(args.root)
-    for line in reaches:
+    dev = dev_uses(args.root)
+    for line in reaches + dev:
         print(line)
     for comp in found:
         inside = set(comp)
         print(f"import circle: {', '.join(comp)}")
         for m in comp:
             print(f"  {m} -> {', '.join(sorted(graph[m] & inside))}")
-    if found or reaches:
+    if found or reaches or dev:
         return 1
-    print(f"python/harp: {len(mods)} modules, no import circle, no private reach")
+    print(f"python/harp, python/harp_dev: {len(mods)} modules, no import circle, no private reach, "
+          f"no runtime use of {DEV}")
     return 0
 
 

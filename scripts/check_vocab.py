@@ -8,14 +8,14 @@ cannot include it are checked here, and the build runs this script (CMake
 target harp_vocab_check), so a mismatch fails the build with a line naming
 the file, the entry and both values:
 
-  python/harp/_types.py   DataType, ReduceOp, Coll values; ITEMSIZE; numpy
-                          dtypes (_NP_TO_DT); op and dtype aliases
   python/harp/errors.py   an exception class per error kind
   bindings/python_module.cc   error kind -> Python exception (translate's names[])
   bindings/nccl/nccl.h    ncclDataType_t, ncclRedOp_t, ncclResult_t values
-  python/harp/nccl.py     NCCL_* constants
+  python/harp/nccl/__init__.py   NCCL_* constants
   bindings/nccl/nccl_common.cc, nccl_coll.cc  NCCL <-> HARP switches
   and vocab.def's NCCL values against NCCL's public ABI (held below).
+python/harp/_types.py is no mirror: it builds its classes from the table the
+compiled module exports (_harp.vocab(), made from vocab.def's own lines).
 
 Exit status 0 when everything agrees, 1 otherwise (each mismatch on stderr).
 Standard library only. tests/test_vocab.py changes one mirror in a copy and
@@ -117,68 +117,6 @@ def check_def(c, v):
     c.same(where + " (against NCCL's ABI)", "ncclResult_t", v.nccl_results(), NCCL_ABI["ncclResult_t"])
 
 
-def _class_values(tree, name):
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return {t.targets[0].id: ast.literal_eval(t.value) for t in node.body
-                    if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)}
-    return None
-
-
-def _module_dict(tree, name):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return node.value
-    return None
-
-
-def _attr(node):
-    """'X' for np.X / DataType.X / ReduceOp.X; the call's inner attribute for np.dtype(np.X)."""
-    if isinstance(node, ast.Call) and node.args:
-        node = node.args[0]
-    return node.attr if isinstance(node, ast.Attribute) else None
-
-
-def check_types_py(c, v):
-    rel = "python/harp/_types.py"
-    tree = ast.parse(c.read(rel))
-    for cls, want in (("DataType", {r[0]: r[2] for r in v.dtypes}), ("ReduceOp", {r[3]: r[2] for r in v.ops}),
-                      ("Coll", {r[0]: r[2] for r in v.colls})):
-        got = _class_values(tree, cls)
-        if got is None:
-            c.fail(rel, f"no class {cls}")
-        else:
-            c.same(rel, cls, got, want)
-    sizes = _module_dict(tree, "ITEMSIZE")
-    if sizes is None:
-        c.fail(rel, "no ITEMSIZE")
-    else:
-        c.same(rel, "ITEMSIZE", {_attr(k): ast.literal_eval(val) for k, val in zip(sizes.keys, sizes.values)},
-               {r[0]: r[3] for r in v.dtypes})
-    np_map = _module_dict(tree, "_NP_TO_DT")
-    if np_map is None:
-        c.fail(rel, "no _NP_TO_DT")
-    else:  # every numpy dtype of numpy itself (bfloat16 comes from ml_dtypes, handled by name)
-        c.same(rel, "_NP_TO_DT numpy dtype", {_attr(k): _attr(val) for k, val in zip(np_map.keys, np_map.values)},
-               {r[4]: r[0] for r in v.dtypes if r[4] != "bfloat16"})
-    ops = _module_dict(tree, "_OP_NAMES")
-    py_of = {r[3]: r[0] for r in v.ops}
-    if ops is None:
-        c.fail(rel, "no _OP_NAMES")
-    else:
-        c.same(rel, "_OP_NAMES", {ast.literal_eval(k): py_of.get(_attr(val), _attr(val))
-                                  for k, val in zip(ops.keys, ops.values)},
-               dict({r[0]: r[0] for r in v.ops}, **v.op_alias))
-    aliases = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "parse_dtype":
-            aliases = next((d for d in ast.walk(node) if isinstance(d, ast.Dict)), None)
-    if aliases is None:
-        c.fail(rel, "parse_dtype has no alias dict")
-    else:
-        c.same(rel, "parse_dtype alias", ast.literal_eval(aliases), v.dtype_alias)
-
-
 def check_errors(c, v):
     rel = "python/harp/errors.py"
     classes = {n.name for n in ast.parse(c.read(rel)).body if isinstance(n, ast.ClassDef)}
@@ -217,7 +155,7 @@ def _py_name(nccl):
 
 
 def check_nccl_py(c, v):
-    rel = "python/harp/nccl.py"
+    rel = "python/harp/nccl/__init__.py"
     tree = ast.parse(c.read(rel))
     got = {}
     for node in tree.body:
@@ -270,7 +208,7 @@ def check_nccl_switches(c, v):
 def check(root):
     c = Checker(root)
     v = Vocab(c.read("base/vocab.def"))
-    for step in (check_def, check_types_py, check_errors, check_nccl_h, check_nccl_py, check_nccl_switches):
+    for step in (check_def, check_errors, check_nccl_h, check_nccl_py, check_nccl_switches):
         try:
             step(c, v)
         except (OSError, SyntaxError, ValueError) as e:

@@ -28,4 +28,3 @@ cp "$B/libharp.so" python/harp/
 find "$B" -maxdepth 1 -name 'libharp-*.so' ! -name 'libharp-nccl.so' -exec cp {} python/harp/ \;
 find "$B/bindings" -maxdepth 1 -name '*.so' -exec cp {} python/harp/ \;
 cp "$B/libharp-nccl.so" python/harp/ 2>/dev/null || true
-cp "$B/harp-delayline" python/harp/ 2>/dev/null || true  # the arena's delay line (harp-cluster --delay)

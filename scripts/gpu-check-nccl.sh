@@ -12,7 +12,7 @@
 # For the device machine (no network there): carry the built libraries, e.g.
 #   run(command="bash scripts/gpu-check-nccl.sh", carry=["python/harp/libharp.so",
 #       "python/harp/libharp-nccl.so"], timeout_s=300)
-# (the pybind module is optional: the check loads harp/nccl.py directly if needed)
+# (the pybind module is optional: the check loads harp/nccl/__init__.py directly if needed)
 # (build them first here with ./scripts/dev-build.sh). Without them the script
 # tries ./scripts/dev-build.sh on the device machine.
 # Needs: python3 with numpy, a libcudart (system, HARP_CUDART, or a pip

@@ -2,7 +2,9 @@
 # Install HARP for the main job: the main-job packages (scripts/install-deps.sh),
 # then HARP itself into the project's virtual environment .venv/ (built from this
 # checkout with pip; the build tools come from .venv, so no download at build
-# time). Afterwards: .venv/bin/harp-bench, .venv/bin/harp-run, .venv/bin/harp-config,
+# time), and harp-dev, the pure-Python developer tools (python/pyproject.toml:
+# harp-bench, harp-cluster), which the runtime does not need.
+# Afterwards: .venv/bin/harp-bench, .venv/bin/harp-run, .venv/bin/harp-config,
 # or `. .venv/bin/activate` first. Extra arguments go to install-deps.sh
 # (--compare adds torch and mpi4py for harp-bench --compare gloo,mpi).
 set -euo pipefail
@@ -14,4 +16,5 @@ if command -v ccache >/dev/null 2>&1; then  # faster rebuilds where ccache is in
   export CCACHE_BASEDIR="$PWD" CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
 fi
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps . </dev/null
+"$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps ./python </dev/null
 "$VENV/bin/harp-config" --version

@@ -1,5 +1,5 @@
 """Test fixtures for the DPDK transport: availability, the self-test binary, and
-(re-exported from harp.cluster.veth_hosts, where harp-bench --veth also finds
+(re-exported from harp_dev.cluster.veth_hosts, where harp-bench --veth also finds
 them) hugepages and namespace hosts with a control and a data network.
 
     with dpdk_hosts(3, netem=["loss", "2%"]) as hosts:   # hosts[i].ns, .addr, .data
@@ -11,7 +11,7 @@ import glob
 import os
 
 import harp
-from harp.cluster.veth_hosts import Host, dpdk_hosts, dpdk_unavailable, hugepages  # noqa: F401 (re-exported)
+from harp_dev.cluster.veth_hosts import Host, dpdk_hosts, dpdk_unavailable, hugepages  # noqa: F401 (re-exported)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -159,7 +159,7 @@ def test_pow2_restricted_allgather_falls_back_to_bruck(p, expect):
 
 
 def test_explain_shows_the_fallback():
-    out = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allgather", "4K", "--ranks", "3",
+    out = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allgather", "4K", "--ranks", "3",
                           "--transport", "tcp", "--algo", "recursive_doubling"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     m = re.search(r"^pick: (\w+) \((.*)\)$", out.stdout, re.M)

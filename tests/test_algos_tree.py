@@ -230,7 +230,7 @@ def _pick(coll, size, ranks, transport):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", coll, size, "--ranks", str(ranks),
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", coll, size, "--ranks", str(ranks),
                         "--transport", transport], capture_output=True, text=True, timeout=120)
     m = re.search(r"^pick: (\w+) ", r.stdout, re.M)
     assert r.returncode == 0 and m, r.stdout + r.stderr

@@ -1,8 +1,8 @@
 """The arena with round-trip time, loss, slow hosts and zones (harp-cluster --delay/--loss/...;
-python/harp/cluster/delayline.c, a user-space switch, since this kernel has no netem).
+python/harp_dev/cluster/delayline.c, a user-space switch, since this kernel has no netem).
 
 Each test brings up its own cluster, measures what the links deliver from inside the host
-namespaces (harp.cluster.probe: TCP ping-pong RTT, one TCP stream, a UDP loss count) and
+namespaces (harp_dev.cluster.probe: TCP ping-pong RTT, one TCP stream, a UDP loss count) and
 compares with what was asked. Tolerances are looser than the 10% bench/RESULTS-arena.md
 reports on a quiet machine, because the test suite loads the same two cores; each can still
 fail when the mechanism breaks (no delay: RTT ~0.08 ms; a wrong formula: off by the delay).
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import netns
-from harp.cluster import net, topology as topo
+from harp_dev.cluster import net, topology as topo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -125,7 +125,7 @@ def test_cli_up_status_probe_down():
     name = _name("c")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(net.__file__))),
                                                        HERE] + sys.path))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "harp.cluster", *a, "--name", name], capture_output=True,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "harp_dev.cluster", *a, "--name", name], capture_output=True,
                                     text=True, timeout=240, env=env)
     up = run("up", "--hosts", "2", "--delay", "250us", "--jitter", "20us")
     try:
@@ -135,7 +135,7 @@ def test_cli_up_status_probe_down():
         pr = run("probe", "--stream", "0")
         assert pr.returncode == 0, pr.stderr
         assert 400 <= json.loads(pr.stdout)["rtt_us"]["median"] <= 650, pr.stdout
-        h = subprocess.run([sys.executable, "-m", "harp.cluster", "up", "--help"], capture_output=True, text=True,
+        h = subprocess.run([sys.executable, "-m", "harp_dev.cluster", "up", "--help"], capture_output=True, text=True,
                            env=env).stdout
         assert "harp-delayline" in h
     finally:
@@ -165,7 +165,7 @@ def test_calibrate_measures_the_rtt_term_between_hosts_and_explain_shows_it(tmp_
         net.down(st)
     calib = tmp_path / "calib.txt"
     calib.write_text(r.stdout)
-    e = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allreduce", "8", "--ranks", "8",
+    e = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allreduce", "8", "--ranks", "8",
                         "--transport", "tcp"], capture_output=True, text=True, timeout=120,
                        env=dict(env, HARP_CALIBRATION_FILE=str(calib)))
     assert e.returncode == 0, e.stderr

@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_bench(*args, timeout=300, env=None, prefix=()):
-    return subprocess.run([*prefix, sys.executable, "-m", "harp.bench.cli", *args, "--no-progress"],
+    return subprocess.run([*prefix, sys.executable, "-m", "harp_dev.bench.cli", *args, "--no-progress"],
                           capture_output=True, text=True, timeout=timeout, env=env or ENV)
 
 
@@ -75,7 +75,7 @@ def test_compare_prints_peer_ratios():
 
 
 def test_bad_flags_are_reported():
-    r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "-d", "complex"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "harp_dev.bench.cli", "allreduce", "-d", "complex"], capture_output=True,
                        text=True, env=ENV)
     assert r.returncode != 0 and "unknown datatype 'complex'" in r.stderr
 
@@ -99,7 +99,7 @@ def test_table_and_json_record_transport_and_algorithm_used(tmp_path):
 
 
 def test_progress_is_plain_lines_when_output_is_not_a_terminal():
-    r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "2",
+    r = subprocess.run([sys.executable, "-m", "harp_dev.bench.cli", "allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "2",
                         "-n", "2", "-w", "1"], capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stdout + r.stderr
@@ -107,15 +107,18 @@ def test_progress_is_plain_lines_when_output_is_not_a_terminal():
 
 
 def test_every_console_script_answers_version():
-    """Each [project.scripts] entry of pyproject.toml (harp-cluster too, once it is there)."""
+    """Each [project.scripts] entry of the runtime (pyproject.toml) and of harp-dev (python/pyproject.toml):
+    the developer tools are harp-dev's only."""
     import tomllib
 
     import harp
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    scripts = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["scripts"]
-    assert {"harp-bench", "harp-run", "harp-config"} <= set(scripts)
-    for name, target in scripts.items():
+    runtime = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["scripts"]
+    dev = tomllib.load(open(os.path.join(root, "python", "pyproject.toml"), "rb"))["project"]["scripts"]
+    assert {"harp-run", "harp-config", "harp-status"} <= set(runtime) and set(dev) == {"harp-bench", "harp-cluster"}
+    assert not set(runtime) & set(dev)
+    for name, target in {**runtime, **dev}.items():
         mod, fn = target.split(":")
         code = f"import sys; sys.argv = [{name!r}, '--version']; from {mod} import {fn}; {fn}()"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
@@ -207,7 +210,7 @@ class _WrongLib:
         return {}
 
     def run(self, coll, send, recv, in_place, op, root, ns, nr):
-        from harp.bench import check
+        from harp_dev.bench import check
 
         out = send if in_place else recv
         exp = check.expected(coll, self.size, self.rank, out.dtype, ns, nr, op, root)
@@ -222,7 +225,7 @@ class _WrongLib:
 @pytest.mark.parametrize("coll", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
 @pytest.mark.parametrize("form", ["oop", "ip"])
 def test_worker_check_counts_wrong_values_of_any_library(coll, form, tmp_path):
-    from harp.bench import check, workers
+    from harp_dev.bench import check, workers
 
     args = {"coll": coll, "minbytes": 96, "maxbytes": 96, "factor": 2, "step": 0, "iters": 1, "warmup": 0,
             "check": 1, "dtype": "float32", "op": "sum", "root": 0, "progress": "none"}
@@ -242,7 +245,7 @@ def test_worker_check_counts_wrong_values_of_any_library(coll, form, tmp_path):
 
 def _reference(coll, nranks, rank, dtype, ns, nr, op, root):
     """The whole-buffer expected output, written independently of check.py's chunked one."""
-    from harp.bench import sweep
+    from harp_dev.bench import sweep
 
     ins = []
     for r in range(nranks):
@@ -262,7 +265,7 @@ def _reference(coll, nranks, rank, dtype, ns, nr, op, root):
 @pytest.mark.parametrize("coll", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
 def test_chunked_check_matches_the_whole_buffer_reference_across_chunk_edges(coll, op, monkeypatch):
-    from harp.bench import check
+    from harp_dev.bench import check
 
     monkeypatch.setattr(check, "CHUNK", 7)  # many chunk edges, inside and across rank blocks
     n, nr = 3, 17
@@ -289,7 +292,7 @@ def test_the_check_of_a_large_many_rank_call_holds_little_memory():
     the 8 x 2 hierarchy bench was OOM-killed by a check that did."""
     import tracemalloc
 
-    from harp.bench import check, sweep
+    from harp_dev.bench import check, sweep
 
     n, count = 16, 1 << 20
     out = np.zeros(count, np.float32)
@@ -305,7 +308,7 @@ def test_the_check_of_a_large_many_rank_call_holds_little_memory():
 
 
 def test_a_rank_that_reports_nothing_is_a_failure(tmp_path):
-    from harp.bench import check
+    from harp_dev.bench import check
 
     out = str(tmp_path / "w.json")
     check.write_rank(out, "harp", 0, 2, [{"size": 8, "count": 2, "oop_us": 1.0, "ip_us": 1.0, "oop_wrong": 0,
@@ -328,7 +331,7 @@ def test_json_is_stamped_and_plot_draws_one_line_per_library(tmp_path):
     if shutil.which("git") and os.path.isdir(os.path.join(HERE, "..", ".git")) or \
             os.path.isfile(os.path.join(HERE, "..", ".git")):
         assert len(st["commit"]) == 40
-    from harp.bench import plot
+    from harp_dev.bench import plot
 
     res = json.loads(js.read_text())["results"]
     pts = plot.series("allreduce", res["harp"])

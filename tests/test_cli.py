@@ -9,7 +9,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 
 def test_harp_config_lists_transports():
-    r = subprocess.run([sys.executable, "-m", "harp.config"], capture_output=True, text=True, env=ENV, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config"], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0, r.stderr
     assert f"harp {harp.__version__}" in r.stdout
     assert "transport tcp" in r.stdout and "available" in r.stdout
@@ -39,7 +39,7 @@ def test_debug_info_names_transport_per_peer_and_algorithm(tmp_path):
 
 
 def test_harp_config_transports_says_module_and_usability():
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--json"], capture_output=True, text=True, env=ENV,
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--json"], capture_output=True, text=True, env=ENV,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     import json
@@ -52,7 +52,7 @@ def test_harp_config_transports_says_module_and_usability():
         t = table[name]
         assert t["provided"] == "module" and t["module"].endswith(f"/libharp-{name}.so")
         assert t["loaded"] or t["why"], t  # not loaded always comes with a reason
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--transports"], capture_output=True, text=True, env=ENV,
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--transports"], capture_output=True, text=True, env=ENV,
                        timeout=60)
     lines = r.stdout.splitlines()
     assert len(lines) == len(table)
@@ -74,7 +74,7 @@ def test_examples_run(tmp_path):
     libdir = os.path.dirname(harp.__file__)
     if not cc or not os.path.exists(os.path.join(libdir, "libharp-nccl.so")):
         return
-    inc = subprocess.run([sys.executable, "-m", "harp.config", "--nccl-include"], capture_output=True, text=True,
+    inc = subprocess.run([sys.executable, "-m", "harp.tools.config", "--nccl-include"], capture_output=True, text=True,
                          env=ENV, timeout=60).stdout.strip()
     exe = str(tmp_path / "nccl_allreduce")
     subprocess.run([cc, os.path.join(root, "examples", "nccl_allreduce.c"), f"-I{inc}", "-o", exe, f"-L{libdir}",

@@ -25,7 +25,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     import harp
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(harp.__file__)))  # where the ranks import harp from
-from harp.cluster import net, slurm, topology as topo  # noqa: E402
+from harp_dev.cluster import net, slurm, topology as topo  # noqa: E402
 
 pytestmark = pytest.mark.netns
 
@@ -122,7 +122,7 @@ def _env():
 
 
 def _cli(*args, timeout=240, **kw):
-    return subprocess.run([sys.executable, "-m", "harp.cluster", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "harp_dev.cluster", *args], capture_output=True, text=True,
                           timeout=timeout, env=_env(), **kw)
 
 
@@ -270,7 +270,7 @@ def _failing_job(cluster, tmp_path, cut):
     prog = tmp_path / "fail.py"
     prog.write_text(FAIL_JOB)
     env = dict(_env(), HARP_TIMEOUT="5", HARP_TRANSPORT="tcp")
-    p = subprocess.Popen([sys.executable, "-m", "harp.cluster", "run", "--name", cluster["name"], "--hosts", "3",
+    p = subprocess.Popen([sys.executable, "-m", "harp_dev.cluster", "run", "--name", cluster["name"], "--hosts", "3",
                           "--grace", "60", "--timeout", "150", "--", sys.executable, str(prog), str(tmp_path)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
@@ -343,7 +343,7 @@ def test_interrupted_or_killed_run_leaves_nothing_behind(tmp_path, sig):
         pytest.skip(why)
     name = _name({signal.SIGINT: "i", signal.SIGTERM: "t", signal.SIGKILL: "k"}[sig])
     flag = tmp_path / "started"
-    p = subprocess.Popen([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
+    p = subprocess.Popen([sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
                           "100", "--", sys.executable, "-c",
                           f"import time; open({str(flag)!r}, 'a').close(); time.sleep(100)"],
                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -332,7 +332,7 @@ def test_harp_bench_transport_dpdk():
     """`harp-bench --transport dpdk` works with nothing else configured (memif between local ranks)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
     env.update(HARP_DPDK_HUGE="0", HARP_DPDK_MEM_MB="192", PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-m", "harp.bench.cli", "allreduce", "--transport", "dpdk", "-np", "2",
+    r = subprocess.run([sys.executable, "-m", "harp_dev.bench.cli", "allreduce", "--transport", "dpdk", "-np", "2",
                         "-b", "8", "-e", "1M", "-f", "32", "-n", "5", "-w", "2", "--no-progress"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

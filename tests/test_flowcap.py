@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from harp.cluster import net, topology as topo
+from harp_dev.cluster import net, topology as topo
 from test_cluster import _leftovers, _name, _skip_reason
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -129,7 +129,7 @@ def test_uneven_hosts_leader_runs_itself():
 def _explain_pick(coll, size, ppn):
     """In-process harp-config --explain (the same C++ selector); ppn: ranks per host."""
     import re
-    from harp.config import explain
+    from harp.tools.config import explain
     out = "\n".join(explain(coll, size, sum(ppn), "mixed", ppn=ppn))
     return re.search(r"^pick: (\w+) ", out, re.M).group(1)
 

@@ -190,7 +190,7 @@ def test_runtime_pick_equals_explain_on_fake_hosts():
 # ---------------------------------------------------------------------------- selection (--explain)
 
 def explain_cli(*args, env=None):
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", *args], capture_output=True, text=True,
                        timeout=120, env=dict(ENV, **(env or {})))
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -203,7 +203,7 @@ def parse_pick(out):
 
 def explain_pick(coll, size, ppn, transport="mixed"):
     """In-process harp-config --explain (the same C++ selector); ppn: ranks per host."""
-    from harp.config import explain
+    from harp.tools.config import explain
     return parse_pick("\n".join(explain(coll, size, sum(ppn), transport, ppn=ppn)))
 
 

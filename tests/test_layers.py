@@ -224,9 +224,11 @@ def _py_check(root):
 
 
 def _py_check_with(tmp_path, rel, text):
-    """check_py_imports.py on a copy of python/harp with `text` appended to `rel`."""
-    shutil.copytree(os.path.join(ROOT, "python", "harp"), tmp_path / "python" / "harp",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__", "harp-delayline"))
+    """check_py_imports.py on a copy of python/ (harp, harp_dev, harp_torch_plugin) with `text`
+    appended to `rel`."""
+    for pkg in ("harp", "harp_dev", "harp_torch_plugin"):
+        shutil.copytree(os.path.join(ROOT, "python", pkg), tmp_path / "python" / pkg,
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     path = tmp_path / rel
     path.write_text(path.read_text() + "\n\n" + text)
     return _py_check(tmp_path)
@@ -262,6 +264,33 @@ def test_an_injected_private_reach_is_reported(tmp_path, rel, line, reach):
     assert rc == 1, out
     got = [l for l in out.splitlines() if "reaches into a private member" in l]
     assert len(got) == 1 and got[0].startswith(rel + ":") and f": {reach}: " in got[0], out
+
+
+@pytest.mark.parametrize("rel, line, name", [
+    # the developer tools (harp_dev: harp-bench, harp-cluster) are not in the runtime wheel
+    ("python/harp/comm.py", "def _late():\n    import harp_dev.bench.cli\n", "harp_dev.bench.cli"),
+    ("python/harp/tools/config.py", "from harp_dev.cluster import topology\n", "harp_dev.cluster"),
+    ("python/harp/launch.py", "def _late(importlib):\n    return importlib.import_module('harp_dev.bench')\n",
+     "harp_dev.bench"),
+    ("python/harp_torch_plugin/__init__.py", "ARGV = ['python', '-m', 'harp_dev.bench.workers']\n",
+     "harp_dev.bench.workers"),
+])
+def test_a_runtime_use_of_the_dev_package_is_reported(tmp_path, rel, line, name):
+    rc, out = _py_check_with(tmp_path, rel, line)
+    assert rc == 1, out
+    # an import of harp_dev by the runtime usually closes a circle too (harp_dev stands on harp):
+    # that is reported as well; the rule's own line is there exactly once
+    got = [l for l in out.splitlines() if " uses harp_dev" in l]
+    assert len(got) == 1 and got[0].startswith(rel + ":") and f" uses {name}: " in got[0], out
+    assert not [l for l in out.splitlines() if "reaches into" in l], out
+    no = int(got[0].split(":")[1])
+    assert "harp_dev" in (tmp_path / rel).read_text().splitlines()[no - 1], out
+
+
+def test_the_dev_package_may_use_the_runtime(tmp_path):
+    # the other direction is the point of harp_dev: it stands on harp
+    rc, out = _py_check_with(tmp_path, "python/harp_dev/bench/check.py", "def _late():\n    import harp.tools.config\n")
+    assert rc == 0, out
 
 
 def test_a_private_of_the_same_module_or_a_third_party_is_not_a_reach(tmp_path):

@@ -79,7 +79,7 @@ def test_version_constants_and_config():
     assert nccl.get_build_version() == 22105
     assert (nccl.NCCL_SUM, nccl.NCCL_PROD, nccl.NCCL_MAX, nccl.NCCL_MIN, nccl.NCCL_AVG) == (0, 1, 2, 3, 4)
     assert (nccl.NCCL_FLOAT32, nccl.NCCL_FLOAT64, nccl.NCCL_BFLOAT16) == (7, 8, 9)
-    out = subprocess.run([sys.executable, "-m", "harp.config", "--nccl-lib"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "harp.tools.config", "--nccl-lib"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     path = out.stdout.strip()
     assert os.path.isfile(path) and path.endswith("libharp-nccl.so")

@@ -146,7 +146,7 @@ def test_preload_serves_every_call(client, tmp_path, nranks):
 
 def test_libnccl_so_2_on_library_path(client, tmp_path):
     d = tmp_path / "lib"
-    out = subprocess.run([sys.executable, "-m", "harp.config", "--install-libnccl", str(d)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "harp.tools.config", "--install-libnccl", str(d)], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr
     assert os.path.realpath(out.stdout.strip()) == os.path.realpath(nccl.library_path())

@@ -1,6 +1,12 @@
 """The wheel as a user gets it: built with `pip wheel .`, installed into a fresh
 virtual environment, run from there (never from this checkout).
 
+* The runtime wheel carries no developer tools (harp_dev: harp-bench, harp-cluster,
+  the arena's delay line) and runs without them: in a fresh venv holding only the
+  wheel (and numpy), `import harp`, a 2-rank allreduce under harp-run, `harp-run
+  --help` and `harp-config` work, and neither harp-bench nor harp_dev is there. The
+  developer distribution (harp-dev, `pip wheel ./python`, pure Python) then adds
+  harp-bench, which runs against that runtime.
 * Built with pkg-config unable to find libibverbs and libdpdk (PKG_CONFIG_LIBDIR
   pointing at an empty folder), the build succeeds, the wheel carries no verbs/dpdk
   module, harp-config says why, and `harp-bench allreduce -np 2` finds 0 wrong values.
@@ -11,8 +17,9 @@ virtual environment, run from there (never from this checkout).
   from ldd), it lists 2 usable transports and the dlerror reason for each of the
   other two, and still imports and runs a 2-rank allreduce.
 
-Each venv gets numpy from the interpreter running the tests through a .pth file
-(no network); HARP itself comes only from the wheel. Build folders live under
+Each venv gets numpy from the interpreter running the tests through a .pth file naming a
+folder that holds only numpy (no network, and nothing else of the outer site-packages, which
+may hold harp and harp_dev of their own); HARP itself comes only from the wheels. Build folders live under
 build/test-packaging/ so a second local run is incremental (ccache is used when
 installed).
 """
@@ -60,18 +67,92 @@ def build_wheel(name, **env):
     return wheels[0]
 
 
+def numpy_only(path):
+    """A folder holding only the outer numpy (links to it and its vendored libraries)."""
+    os.makedirs(path, exist_ok=True)
+    outer = os.path.dirname(os.path.dirname(numpy.__file__))
+    for name in os.listdir(outer):
+        if (name == "numpy" or name.startswith(("numpy.", "numpy-"))) and not os.path.exists(os.path.join(path, name)):
+            os.symlink(os.path.join(outer, name), os.path.join(path, name))
+    return path
+
+
+def install(bindir, wheel):
+    run([os.path.join(bindir, "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+         wheel], timeout=600, env=clean_env())
+
+
 def make_venv(path, wheel):
     """A fresh venv with `wheel` installed; returns its bin directory."""
     run([sys.executable, "-m", "venv", "--clear", str(path)], timeout=300)
-    py = os.path.join(path, "bin", "python")
-    # Install first, then borrow the outer numpy: the .pth also exposes the outer site-packages,
-    # which may hold a harp of its own (CI's .venv), and pip would call that one "already satisfied".
-    run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel], timeout=600,
-        env=clean_env())
+    bindir = os.path.join(path, "bin")
+    install(bindir, wheel)
+    py = os.path.join(bindir, "python")
     site = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     with open(os.path.join(site, "outer_numpy.pth"), "w") as f:
-        f.write(os.path.dirname(os.path.dirname(numpy.__file__)) + "\n")
-    return os.path.join(path, "bin")
+        f.write(numpy_only(os.path.join(str(path), "numpy-only")) + "\n")
+    return bindir
+
+
+def build_dev_wheel():
+    """harp-dev (python/pyproject.toml): pure Python, built with this interpreter's setuptools."""
+    out = os.path.join(BUILD, "dev", "dist")
+    shutil.rmtree(out, ignore_errors=True)
+    run([sys.executable, "-m", "pip", "wheel", os.path.join(ROOT, "python"), "--no-build-isolation", "--no-deps",
+         "-q", "-w", out], cwd=ROOT, env=clean_env(), timeout=600)
+    wheels = glob.glob(os.path.join(out, "harp_dev-*.whl"))
+    assert len(wheels) == 1, wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert "harp_dev/bench/cli.py" in names and "harp_dev/cluster/delayline.c" in names, names
+    assert not [n for n in names if n.startswith("harp/") or n.endswith((".so", ".pyd"))], names
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def dev_wheel():
+    return build_dev_wheel()
+
+
+DEV_FILES = ("harp_dev/", "harp/bench/", "harp/cluster/", "harp/harp-delayline")
+
+
+def assert_runtime_only(wheel):
+    """The runtime wheel: no developer tools, no harp-bench / harp-cluster console scripts."""
+    z = zipfile.ZipFile(wheel)
+    assert not [n for n in z.namelist() if n.startswith(DEV_FILES)], z.namelist()
+    entry = next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))
+    scripts = z.read(entry).decode()
+    assert "harp-run" in scripts and "harp-config" in scripts, scripts
+    assert "harp-bench" not in scripts and "harp-cluster" not in scripts, scripts
+
+
+ALLREDUCE = """import numpy as np, harp
+comm = harp.init()
+x = np.full(1000, comm.rank + 1, dtype=np.float32)
+comm.allreduce(x)
+assert (x == 3).all(), x[:4]
+print("allreduce ok on rank", comm.rank, "of", comm.size, flush=True)
+"""
+
+
+def runs_without_dev(bindir, tmp):
+    """The runtime alone: harp imports, 2 ranks allreduce under harp-run, harp-run --help and
+    harp-config work; harp-bench, harp-cluster and harp_dev are not installed."""
+    for tool in ("harp-bench", "harp-cluster"):
+        assert not os.path.exists(os.path.join(bindir, tool)), tool
+    py = os.path.join(bindir, "python")
+    r = run([py, "-c", "import importlib.util, harp; print(harp.__version__, importlib.util.find_spec('harp_dev'))"],
+            env=clean_env(), timeout=120)
+    assert r.stdout.split()[1:] == ["None"], r.stdout
+    prog = os.path.join(tmp, "allreduce2.py")
+    with open(prog, "w") as f:
+        f.write(ALLREDUCE)
+    r = run([os.path.join(bindir, "harp-run"), "-n", "2", prog], env=clean_env(), timeout=300)
+    assert sorted(l for l in r.stdout.splitlines() if l.startswith("allreduce ok")) == [
+        "allreduce ok on rank 0 of 2", "allreduce ok on rank 1 of 2"], r.stdout + r.stderr
+    assert "-n" in run([os.path.join(bindir, "harp-run"), "--help"], env=clean_env(), timeout=120).stdout
+    r = run([os.path.join(bindir, "harp-config")], env=clean_env(), timeout=120)
+    assert r.stdout.startswith("harp ") and "transport tcp" in r.stdout, r.stdout
 
 
 def installed_libdir(bindir):
@@ -98,10 +179,11 @@ def allreduce_2_ranks(bindir, prefix=(), maxbytes="1M", tmp=None):
     return res
 
 
-def test_wheel_without_optional_libraries_builds_installs_and_runs(tmp_path):
+def test_wheel_without_optional_libraries_builds_installs_and_runs(tmp_path, dev_wheel):
     empty = tmp_path / "no-pkgconfig"
     empty.mkdir()
     wheel = build_wheel("minimal", PKG_CONFIG_LIBDIR=str(empty), PKG_CONFIG_PATH="")
+    assert_runtime_only(wheel)
     names = zipfile.ZipFile(wheel).namelist()
     assert "harp/libharp.so" in names and any(n.startswith("harp/_harp") for n in names)
     assert not [n for n in names if "libharp-verbs" in n or "libharp-dpdk" in n], names
@@ -114,19 +196,36 @@ def test_wheel_without_optional_libraries_builds_installs_and_runs(tmp_path):
     for name in OPTIONAL:
         assert not ts[name]["loaded"] and not ts[name]["available"]
         assert "was not built" in ts[name]["why"] and "not found by pkg-config" in ts[name]["why"], ts[name]
+    runs_without_dev(bindir, str(tmp_path))
+    install(bindir, dev_wheel)
     allreduce_2_ranks(bindir, tmp=str(tmp_path))
 
 
 @pytest.fixture(scope="module")
-def full_venv(tmp_path_factory):
+def full_venv(tmp_path_factory, dev_wheel):
+    """The full runtime wheel in a fresh venv, checked to run without harp-dev; then harp-dev added."""
     wheel = os.environ.get("HARP_TEST_WHEEL") or build_wheel("full")
+    assert_runtime_only(wheel)
     names = zipfile.ZipFile(wheel).namelist()
     for name in OPTIONAL:
         if f"harp/libharp-{name}.so" not in names:
             pytest.fail(f"{wheel} has no {name} module: build it where lib{name} development files are installed "
                         "(bash scripts/install-deps.sh --test)")
-    bindir = make_venv(tmp_path_factory.mktemp("full") / "venv", wheel)
+    tmp = tmp_path_factory.mktemp("full")
+    bindir = make_venv(tmp / "venv", wheel)
+    runs_without_dev(bindir, str(tmp))
+    install(bindir, dev_wheel)
     return bindir, installed_libdir(bindir)
+
+
+def test_runtime_runs_without_the_dev_package_which_adds_harp_bench(full_venv, tmp_path):
+    bindir, _ = full_venv  # the fixture ran the runtime alone (runs_without_dev) before adding harp-dev
+    for tool in ("harp-bench", "harp-cluster"):
+        assert os.access(os.path.join(bindir, tool), os.X_OK), tool
+    bench = run([os.path.join(bindir, "harp-bench"), "--version"], env=clean_env(), timeout=120).stdout
+    config = run([os.path.join(bindir, "harp-config"), "--version"], env=clean_env(), timeout=120).stdout
+    assert bench.startswith("harp-bench (harp ") and bench.split("(harp ")[1] == config.split("(harp ")[1], bench
+    allreduce_2_ranks(bindir, tmp=str(tmp_path))
 
 
 def test_one_wheel_loads_every_transport_module_where_libraries_exist(full_venv):

@@ -55,8 +55,8 @@ NON_PARAMETERS = {
     "HARP_NO_CFFI": "CMake variable",
     "HARP_DPDK_CFFI_DIR": "CMake variable",
     "HARP_PATH": "Python constant in tests/test_shm.py",
-    "HARP_MPI_PORT": "Python constant in python/harp/cluster/launchers.py",
-    "HARP_UNIQUE": "a prefix matched by python/harp/bench/cli.py (HARP_UNIQUE_ID)",
+    "HARP_MPI_PORT": "Python constant in python/harp_dev/cluster/launchers.py",
+    "HARP_UNIQUE": "a prefix matched by python/harp_dev/bench/cli.py (HARP_UNIQUE_ID)",
     "HARP_VOCAB_FILES": "CMake variable (the vocabulary check)",
 }
 NON_PARAMETERS.update(dict.fromkeys(
@@ -166,7 +166,7 @@ def test_python_reads():
 
 
 def _config(*args, **env):
-    r = subprocess.run([sys.executable, "-m", "harp.config", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", *args], capture_output=True, text=True,
                        env=dict(ENV, **env), timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout

@@ -44,7 +44,7 @@ def registered_in_source():
 
 
 def config(*args, env=None):
-    r = subprocess.run([sys.executable, "-m", "harp.config", *args], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", *args], capture_output=True, text=True, timeout=120,
                        env=dict(ENV, **(env or {})))
     return r.returncode, r.stdout, r.stderr
 
@@ -113,7 +113,7 @@ def test_explain_rejects_bad_input_clearly():
 
 
 def test_explain_sizes_parse_like_harp_sizes():
-    from harp.config import explain
+    from harp.tools.config import explain
     assert explain("allreduce", "4M")[0].startswith("allreduce 4194304 bytes (1048576 x float32)")
     assert explain("allreduce", "64K")[0].startswith("allreduce 65536 bytes")
     assert explain("allreduce", "4096", dtype="float64")[0].startswith("allreduce 4096 bytes (512 x float64)")

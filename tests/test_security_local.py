@@ -430,7 +430,7 @@ def test_hvd_object_state_sync_does_not_unpickle_what_it_receives(tmp_path):
 @pytest.fixture
 def fake_sys(tmp_path, monkeypatch):
     """veth_hosts.hugepages against files in tmp_path instead of /proc and /sys; mount/umount recorded."""
-    from harp.cluster import veth_hosts
+    from harp_dev.cluster import veth_hosts
 
     files = {"/proc/sys/vm/nr_hugepages": tmp_path / "nr", "/proc/mounts": tmp_path / "mounts",
              "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages": tmp_path / "free"}

@@ -272,7 +272,7 @@ def _tx_bytes(ns, dev):
 @pytest.mark.slow
 def test_lanes_spread_over_two_nics():
     """HARP_SOCKET_IFNAME=eth0,eth1 with 2 lanes: each NIC of each host carries part of an 8 MB allreduce."""
-    from harp.cluster import net, topology as topo
+    from harp_dev.cluster import net, topology as topo
     from test_cluster import _name, _skip_reason
 
     why = _skip_reason()
@@ -286,7 +286,7 @@ def test_lanes_spread_over_two_nics():
         env = dict(os.environ, HARP_TRANSPORT="tcp", HARP_SOCKET_NSTREAMS="2", HARP_SOCKET_IFNAME="eth0,eth1",
                    HARP_SOCKET_STRIPE_MIN="64K", HARP_SOCKET_CHUNK="64K")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(harp.__path__[0]), env.get("PYTHONPATH")) if p)
-        r = subprocess.run([sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
+        r = subprocess.run([sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", "2", "--timeout",
                             "120", "--", sys.executable, "-c", RAILS_JOB], capture_output=True, text=True, env=env,
                            timeout=240)
         assert r.returncode == 0 and r.stdout.count("RAILS-OK") == 2, (r.stdout, r.stderr[-3000:])

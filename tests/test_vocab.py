@@ -1,11 +1,14 @@
 """One vocabulary: base/vocab.def, and scripts/check_vocab.py, which the build
-runs to hold every mirror to it (python/harp/_types.py, errors.py, nccl.py,
+runs to hold every mirror to it (python/harp/errors.py, nccl/__init__.py,
 bindings/nccl/nccl.h, the NCCL and Python mapping switches in bindings/).
 
 Each mutation test copies the checked files to a temporary tree, changes one
 value in one mirror, runs the checker there and expects it to fail naming the
 file and the entry. The C++ enums are built from vocab.def itself
-(base/types.h); the last tests compare the running library with it.
+(base/types.h), and so are harp._types' classes (from _harp.vocab(), the
+table the compiled module makes from vocab.def's lines): the last tests
+compare the running library and the Python classes with vocab.def, and show
+that the classes follow the table (a new entry needs no Python edit).
 """
 import os
 import shutil
@@ -15,11 +18,12 @@ import sys
 import pytest
 
 from harp import _harp
+from harp import _types
 from harp._types import ITEMSIZE, Coll, DataType, ReduceOp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKER = os.path.join(ROOT, "scripts", "check_vocab.py")
-FILES = ["base/vocab.def", "python/harp/_types.py", "python/harp/errors.py", "python/harp/nccl.py",
+FILES = ["base/vocab.def", "python/harp/errors.py", "python/harp/nccl/__init__.py",
          "bindings/nccl/nccl.h", "bindings/nccl/nccl_common.cc", "bindings/nccl/nccl_coll.cc",
          "bindings/python_module.cc"]
 
@@ -44,18 +48,6 @@ def test_the_tree_agrees_with_vocab_def(tree):
 
 
 MUTATIONS = [
-    ("python/harp/_types.py", "    float32 = 8\n", "    float32 = 7\n",
-     "python/harp/_types.py: DataType float32 = 7, base/vocab.def says 8"),
-    ("python/harp/_types.py", "DataType.float64: 8,", "DataType.float64: 4,",
-     "python/harp/_types.py: ITEMSIZE float64 = 4, base/vocab.def says 8"),
-    ("python/harp/_types.py", '"mean": ReduceOp.AVG', '"mean": ReduceOp.SUM',
-     "python/harp/_types.py: _OP_NAMES mean = sum, base/vocab.def says avg"),
-    ("python/harp/_types.py", "    p2p_batch = 12\n", "    p2p_batch = 12\n    gossip = 13\n",
-     "python/harp/_types.py: Coll gossip = 13 is not in base/vocab.def"),
-    ("python/harp/_types.py", "np.dtype(np.int32): DataType.int32", "np.dtype(np.int16): DataType.int32",
-     "python/harp/_types.py: _NP_TO_DT numpy dtype int32 is missing"),
-    ("python/harp/_types.py", '"double": "float64"', '"double": "float32"',
-     "python/harp/_types.py: parse_dtype alias double = float32, base/vocab.def says float64"),
     ("python/harp/errors.py", "class PeerError(HarpError):", "class PeerFailure(HarpError):",
      "python/harp/errors.py: no class PeerError"),
     ("bindings/python_module.cc", '"InvalidArgumentError", "MismatchError", "PeerError"',
@@ -65,8 +57,8 @@ MUTATIONS = [
      "bindings/nccl/nccl.h: ncclDataType_t ncclFloat32 = 8, base/vocab.def says 7"),
     ("bindings/nccl/nccl.h", "  ncclRemoteError = 6,\n", "  ncclRemoteError = 9,\n",
      "bindings/nccl/nccl.h: ncclResult_t ncclRemoteError = 9, base/vocab.def says 6"),
-    ("python/harp/nccl.py", "NCCL_MAX = 2\n", "NCCL_MAX = 3\n",
-     "python/harp/nccl.py: constant NCCL_MAX = 3, base/vocab.def says 2"),
+    ("python/harp/nccl/__init__.py", "NCCL_MAX = 2\n", "NCCL_MAX = 3\n",
+     "python/harp/nccl/__init__.py: constant NCCL_MAX = 3, base/vocab.def says 2"),
     ("bindings/nccl/nccl_common.cc", "case ncclFloat32: return DataType::kFloat32;",
      "case ncclFloat32: return DataType::kFloat64;",
      "bindings/nccl/nccl_common.cc: toDtype case ncclFloat32 = kFloat64, base/vocab.def says kFloat32"),
@@ -119,3 +111,67 @@ def test_library_matches_vocab_def():
         _harp.algorithms(c.name)  # parseColl knows every Python name (raises otherwise)
     with pytest.raises(Exception, match="unknown collective"):
         _harp.algorithms("allreduc")
+
+
+def _vocab_def():
+    """base/vocab.def as scripts/check_vocab.py parses it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_vocab", CHECKER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(os.path.join(ROOT, "base", "vocab.def")) as f:
+        return mod.Vocab(f.read())
+
+
+def test_compiled_table_is_vocab_def():
+    """_harp.vocab() (bindings/python_module.cc, X-macros over vocab.def) holds every line, in order."""
+    v, t = _vocab_def(), _harp.vocab()
+    assert t["dtypes"] == [(r[0], r[2], r[3], r[4]) for r in v.dtypes]
+    assert t["ops"] == [(r[0], r[2], r[3]) for r in v.ops]
+    assert t["dtype_aliases"] == list(v.dtype_alias.items())
+    assert t["op_aliases"] == list(v.op_alias.items())
+    colls = [r for r in v.rows["HARP_COLL"]]
+    assert t["colls"] == [(r[0], int(r[2]), r[3] == "1", r[4] == "1", r[5] == "1") for r in colls]
+
+
+def test_python_classes_follow_vocab_def():
+    """Every public name and value of harp._types, entry by entry against vocab.def."""
+    import numpy as np
+
+    v = _vocab_def()
+    assert {d.name: int(d) for d in DataType} == {r[0]: r[2] for r in v.dtypes}
+    assert {o.name: int(o) for o in ReduceOp} == {r[3]: r[2] for r in v.ops}
+    assert {c.name: int(c) for c in Coll} == {r[0]: r[2] for r in v.colls}
+    assert {d.name: n for d, n in ITEMSIZE.items()} == {r[0]: r[3] for r in v.dtypes}
+    assert {k.name: d.name for k, d in _types._NP_TO_DT.items()} == {
+        np.dtype(getattr(np, r[4])).name: r[0] for r in v.dtypes if hasattr(np, r[4])}
+    assert {k: o.name for k, o in _types._OP_NAMES.items()} == dict(
+        {r[0]: r[3] for r in v.ops}, **{a: dict((r[0], r[3]) for r in v.ops)[t] for a, t in v.op_alias.items()})
+    for alias, name in v.dtype_alias.items():
+        assert _types.parse_dtype(alias) is DataType[name]
+    assert all(isinstance(c, type) and issubclass(c, int) for c in (DataType, ReduceOp, Coll))
+
+
+def test_a_new_vocabulary_entry_needs_no_python_edit():
+    """The classes are made from the table: a datatype, an op alias and a collective appended to it
+    (as a line appended to vocab.def would append them to _harp.vocab()) appear with their values,
+    item size and numpy dtype, and nothing in _types.py names an entry itself."""
+    import ast
+
+    import numpy as np
+
+    t = _harp.vocab()
+    n_dt, n_coll = len(t["dtypes"]), len(t["colls"])
+    grown = dict(t, dtypes=t["dtypes"] + [("int16", n_dt, 2, "int16")], op_aliases=t["op_aliases"] + [("add", "sum")],
+                 colls=t["colls"] + [("gossip", n_coll, False, False, False)])
+    dt, op, coll, itemsize, np_to_dt, op_names, _ = _types._classes(grown)
+    assert int(dt.int16) == n_dt and itemsize[dt.int16] == 2 and np_to_dt[np.dtype(np.int16)] is dt.int16
+    assert op_names["add"] is op.SUM and int(coll.gossip) == n_coll
+    assert [d.name for d in dt][:n_dt] == [d.name for d in DataType]
+    src = ast.parse(open(_types.__file__).read())
+    declared = {n.name for n in ast.walk(src) if isinstance(n, ast.ClassDef)}
+    assert not declared & {"DataType", "ReduceOp", "Coll"}, "harp._types declares the vocabulary again"
+    names = {d.name for d in DataType} | {o.name for o in ReduceOp} | {c.name for c in Coll}
+    literal = {n.value for n in ast.walk(src) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not (names - {"bool", "bfloat16"}) & literal, "harp._types names vocabulary entries itself"

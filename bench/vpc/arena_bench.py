@@ -1,11 +1,11 @@
 """HARP vs gloo vs Open MPI allreduce across arena hosts, against the measured link rate.
 
-    python3 bench/vpc/arena_bench.py --hosts 2,4 --rate 1gbit --repeat 3 --out bench/vpc/results/allreduce.json
+    python3 bench/vpc/arena_bench.py --hosts 2,4 --rate 1gbit --repeat 3 --out results/arena/allreduce.json
 
 Brings up (or reuses) arena cluster --name (default vpc) with max(--hosts)
 hosts, measures the link payload rate with a single TCP stream (linkrate.py,
 3 times), then for each host count and each repetition runs the harp-bench
-worker (python -m harp.bench.workers harp|gloo|mpi) as one rank per host:
+worker (python -m harp_dev.bench.workers harp|gloo|mpi) as one rank per host:
 HARP and gloo under the arena's harp launcher (HARP_UNIQUE_ID; gloo uses the
 MASTER_ADDR/RANK the launcher also sets, GLOO_SOCKET_IFNAME=eth0), Open MPI
 (mpi4py, TCP BTL) under the arena's mpirun. Two sweeps per library: latency
@@ -14,17 +14,17 @@ median and spread over repetitions, busbw in MB/s and as a fraction of the
 link rate. Writes one JSON with a provenance stamp.
 
     python3 bench/vpc/arena_bench.py --name lat8 --hosts 8 --no-bw --repeat 3 \
-        --libs mpi,harp,harp@HARP_SPIN=256 --out bench/vpc/results/lat8.json
+        --libs mpi,harp,harp@HARP_SPIN=256 --out results/arena/lat8.json
 
 compares settings of one library in the same run (LIB@VAR=V+VAR2=V2).
 
     python3 bench/vpc/arena_bench.py --name slow --hosts 4 --host-rate 3=500mbit --repeat 3 \
-        --out bench/vpc/results/allreduce-slow-host.json
+        --out results/arena/allreduce-slow-host.json
 
 runs with one host's link slower (its line's rate measured too, so busbw is also shown against it).
 
     python3 bench/vpc/arena_bench.py --name rtt --hosts 4,8 --delay 500us --no-bw --repeat 3 \
-        --out bench/vpc/results/lat-rtt1ms.json
+        --out results/arena/lat-rtt1ms.json
 
 puts round-trip time on the links (harp-cluster --delay, one way; harp-delayline) and reports,
 beside each library's 8 B time, the RTT-bound model of the algorithm HARP's tuner picks there
@@ -46,8 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.join(HERE, "..", "..", "python")
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.bench import check, sweep  # noqa: E402
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.bench import check, sweep  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
@@ -74,13 +74,13 @@ def run_lib(name, spec, hosts, wargs, timeout):
     lib, extra = split_lib(spec)
     env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
                **extra)
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher",
-           LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m", "harp.bench.workers", lib,
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher",
+           LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m", "harp_dev.bench.workers", lib,
            json.dumps(wargs)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     if r.returncode:
         raise RuntimeError(f"{lib} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
-    # every rank checked its own results and wrote <out>.rank<r> (harp.bench.check); merged here
+    # every rank checked its own results and wrote <out>.rank<r> (harp_dev.bench.check); merged here
     return check.merge(wargs["out"], lib, hosts)
 
 
@@ -197,7 +197,7 @@ ROUNDS = {  # rounds of message exchange of an 8-byte allreduce on p ranks, per 
 def rtt_model(st, hosts):
     """The algorithm HARP's tuner picks for an 8-byte float32 allreduce on `hosts` tcp ranks
     (harp-config --explain) and its RTT-bound time (rounds x the RTT measured at up)."""
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allreduce", "8", "--ranks", str(hosts),
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allreduce", "8", "--ranks", str(hosts),
                         "--transport", "tcp"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=PYDIR))
     m = re.search(r"^pick: (\w+)", r.stdout, re.M)
     if not m or m.group(1) not in ROUNDS:

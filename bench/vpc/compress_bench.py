@@ -1,7 +1,7 @@
 """Wire compression on the arena: fp16/bf16/top-k vs dense HARP, side by side in one run.
 
     python3 bench/vpc/compress_bench.py --hosts 4 --rate 1gbit --mb 64 --repeat 3 \\
-        --out bench/vpc/results/compress.json
+        --out results/arena/compress.json
 
 Brings up arena cluster --name (default cmp17; taken down at the end, also on failure),
 measures the link payload rate (linkrate.py), writes a calibration file whose tcp line has
@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.abspath(os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
@@ -251,7 +251,7 @@ def main():
             f.write(f"tcp 50e-6 {1 / (link * 1e6):.4g} 1.0e-10\n")
         record["calibration"] = open(cal).read()
         arena_env = dict(env, HARP_CALIBRATION_FILE=cal)
-        prefix = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.hosts),
+        prefix = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.hosts),
                   "--timeout", str(a.timeout), "--"]
         reps = []
         for rep in range(a.repeat):

@@ -1,6 +1,6 @@
 """Elastic data-parallel training on the arena: ranks killed at random times, training goes on.
 
-    python3 bench/vpc/elastic_train.py --hosts 4 --ppn 2 --kills 3 --out bench/vpc/results/elastic.json
+    python3 bench/vpc/elastic_train.py --hosts 4 --ppn 2 --kills 3 --out results/arena/elastic.json
 
 One run = two arena jobs on the same cluster: undisturbed (--kills 0), then with --kills K. The model is a
 two-layer MLP (numpy, float64) fit to a fixed synthetic regression set; every step takes the same global
@@ -228,7 +228,7 @@ def worker_ddp(a):
 
 
 def main():
-    from harp.cluster import net, runner, topology as topo
+    from harp_dev.cluster import net, runner, topology as topo
     from stamp import stamp
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,6 +1,6 @@
 """Fault tolerance on the arena: lose rank(s) during a 64 MB allreduce, N trials.
 
-    python3 bench/vpc/ft_bench.py --hosts 4 --ppn 2 --trials 100 --mode kill --out bench/vpc/results/ft.json
+    python3 bench/vpc/ft_bench.py --hosts 4 --ppn 2 --trials 100 --mode kill --out results/arena/ft.json
 
 One arena job (--name, default ftbench; brought up and taken down here unless it exists) runs this file
 as the worker on hosts x ppn ranks (harp launcher: the bootstrap store is the launcher's own process,
@@ -239,7 +239,7 @@ def summarize(recs, trials, full):
 
 
 def main():
-    from harp.cluster import net, runner, topology as topo
+    from harp_dev.cluster import net, runner, topology as topo
     from stamp import stamp
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

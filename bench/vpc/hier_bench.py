@@ -1,8 +1,8 @@
 """Hierarchical vs flat allreduce on the arena: HARP auto / ring / rail / leader, gloo, Open MPI.
 
     python3 bench/vpc/hier_bench.py --shapes 2x2,4x2 --rate 1gbit --size 32M --repeat 3 \\
-        --out bench/vpc/results/hier.json
-    python3 bench/vpc/hier_bench.py --shapes 2x1,2x2 --sweep 8:32M:8 --repeat 2 --out bench/vpc/results/hier-sweep.json
+        --out results/arena/hier.json
+    python3 bench/vpc/hier_bench.py --shapes 2x1,2x2 --sweep 8:32M:8 --repeat 2 --out results/arena/hier-sweep.json
 
 --sweep: per size, the automatic choice against every forced HARP algorithm
 (ring, recursive_doubling, halving_doubling, rail, leader), auto / best.
@@ -36,8 +36,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (also puts python/ on sys.path)
-from harp.bench import check, sweep  # noqa: E402
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.bench import check, sweep  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
 
@@ -82,9 +82,9 @@ def run_rows(name, lib, algo, hosts, ppn, minb, maxb, factor, iters, out, timeou
                OMP_NUM_THREADS="1")
     if CALIBRATION:
         env["HARP_CALIBRATION_FILE"] = CALIBRATION
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
            "--launcher", arena_bench.LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m",
-           "harp.bench.workers", lib, json.dumps(wargs)]
+           "harp_dev.bench.workers", lib, json.dumps(wargs)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     if r.returncode:
         raise RuntimeError(f"{lib} {algo} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")

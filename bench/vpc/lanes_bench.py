@@ -1,7 +1,7 @@
 """TCP lanes under a per-flow cap: 64 MB allreduce busbw across arena hosts.
 
     python3 bench/vpc/lanes_bench.py --hosts 4 --rate 1gbit --flow-cap 250mbit --repeat 2 \
-        --out bench/vpc/results/lanes.json
+        --out results/arena/lanes.json
 
 Brings up (or reuses) arena cluster --name (default lanes) with --hosts hosts,
 1 rank per host, every TCP flow capped at --flow-cap (harp-cluster --flow-cap:
@@ -43,7 +43,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 PYDIR = os.path.join(ROOT, "python")
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 CONFIGS = {
@@ -151,7 +151,7 @@ def run_config(st, a, cfg, tmp):
     sync = ""
     if "-thr" in cfg:
         sync = tempfile.mkdtemp(dir=tmp)
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", a.name, "--hosts", str(a.hosts), "--timeout",
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", a.name, "--hosts", str(a.hosts), "--timeout",
            str(a.timeout), "--", sys.executable, os.path.abspath(__file__), "--worker", lib, str(a.bytes),
            str(a.iters), sync]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from harp.cluster import runner, topology as topo  # noqa: E402
+from harp_dev.cluster import runner, topology as topo  # noqa: E402
 
 RECV = r"""
 import socket, sys, time

@@ -3,7 +3,7 @@ against its ring (pairwise for alltoall) and every log-step algorithm, forced; g
 beside; each measured time against the cost model's prediction for the algorithm that ran.
 
     python3 bench/vpc/logstep_bench.py --hosts 8 --delay 500us --repeat 2 \\
-        --out bench/vpc/results/logstep-rtt1ms.json
+        --out results/arena/logstep-rtt1ms.json
 
 One arena (--hosts hosts x one rank, --rate, harp-cluster --delay: 500us one way = 1 ms RTT) comes
 up; scripts/calibrate.py --cluster measures the tcp line (alpha = half the round trip, beta) and its
@@ -28,8 +28,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (run_lib, worker_args, time_of; puts python/ on the path)
-from harp.bench import sweep  # noqa: E402
-from harp.cluster import net  # noqa: E402
+from harp_dev.bench import sweep  # noqa: E402
+from harp_dev.cluster import net  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp, write_record  # noqa: E402
 from tuner_bench import calibrate  # noqa: E402
@@ -51,7 +51,7 @@ def predictions(calib, coll, hosts, size):
     if coll == "alltoall":
         count //= hosts  # HARP's alltoall count is one block
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HARP_CALIBRATION_FILE=calib)
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", coll, str(count * 4), "--ranks",
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", coll, str(count * 4), "--ranks",
                         str(hosts), "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
     pred = {}
     for m in re.finditer(r"^\s+(\w+)\s+.*?\s([\d.]+) (ns|us|ms|s)\s+(ok|failed)", r.stdout, re.M):

@@ -1,8 +1,8 @@
 """DDP training over gloo and HARP at 1, 2, 4 arena hosts: samples/s and scaling efficiency;
 and the same script under each launcher (loss must match the gloo run's).
 
-    python3 bench/vpc/train_bench.py --hosts 1,2,4 --repeat 2 --out bench/vpc/results/ddp.json
-    python3 bench/vpc/train_bench.py --launchers-only --hosts 3 --out bench/vpc/results/ddp-launchers.json
+    python3 bench/vpc/train_bench.py --hosts 1,2,4 --repeat 2 --out results/arena/ddp.json
+    python3 bench/vpc/train_bench.py --launchers-only --hosts 3 --out results/arena/ddp-launchers.json
 
 Runs bench/vpc/ddp_train.py (one rank per host, OMP_NUM_THREADS=1) on arena
 cluster --name (brought up with max(--hosts) hosts if not up). Efficiency at
@@ -25,7 +25,7 @@ Bucket-size and compression studies (defaults unchanged without these options):
 Communication efficiency at round-trip time (the issue's DDP goal: step time within 1.1 x the
 step time of the same ranks with communication skipped):
     python3 bench/vpc/train_bench.py --name eff --hosts 4 --delay 250us --efficiency gloo,harp,harp-fp16,harp-topk \
-        --repeat 2 --out bench/vpc/results/ddp-efficiency-rtt05.json
+        --repeat 2 --out results/arena/ddp-efficiency-rtt05.json
         per repetition: the no_sync run (ddp_train.py --no-sync, HARP) then each variant (gloo; HARP dense;
         HARP with the fp16 wire hook; HARP top-k 1% with error feedback); step time / no_sync step time
         and the final loss against dense HARP's.
@@ -33,7 +33,7 @@ step time of the same ranks with communication skipped):
 FSDP2 at round-trip time (sharded training: an allgather per layer forward and backward, a
 reduce-scatter per layer backward):
     python3 bench/vpc/train_bench.py --name fsdp --hosts 4 --delay 250us --fsdp --width 1024 --steps 50 \
-        --repeat 2 --out bench/vpc/results/fsdp-rtt05.json
+        --repeat 2 --out results/arena/fsdp-rtt05.json
         per repetition gloo then HARP, ddp_train.py --fsdp, same seed and data: step time side by side
         and the largest |loss gloo - loss HARP| over the steps (goal: within 1e-5 after the last).
 """
@@ -50,13 +50,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.abspath(os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
-from harp.cluster import net, topology as topo  # noqa: E402
+from harp_dev.cluster import net, topology as topo  # noqa: E402
 from stamp import stamp  # noqa: E402
 
 
 def train(name, hosts, backend, launcher, steps, warmup, timeout=900, extra=(), ppn=1, env_extra=None):
     env = dict(os.environ, PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "harp.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
            "--launcher", launcher,
            "--timeout", str(timeout), "--", sys.executable, os.path.join(HERE, "ddp_train.py"), "--backend", backend,
            "--steps", str(steps), "--warmup", str(warmup), *extra]

@@ -2,7 +2,7 @@
 times on the arena, 8 B to 256 MB; gloo and Open MPI beside them.
 
     python3 bench/vpc/tuner_bench.py --hosts 4 --delays 0,50us,500us --repeat 2 \\
-        --out bench/vpc/results/tuner-rtt.json
+        --out results/arena/tuner-rtt.json
 
 Per one-way delay (0: the ideal arena; 50us: 0.1 ms RTT; 500us: 1 ms RTT; harp-cluster --delay)
 a fresh cluster of --hosts hosts (one rank each) comes up, the link rate is measured (one TCP
@@ -28,7 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (run_lib, worker_args, time_of; puts python/ on the path)
-from harp.cluster import net  # noqa: E402
+from harp_dev.cluster import net  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp, write_record  # noqa: E402
 
@@ -54,7 +54,7 @@ def calibrate(name, path):
 
 def tuner_pick(calib, hosts, size):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HARP_CALIBRATION_FILE=calib)
-    r = subprocess.run([sys.executable, "-m", "harp.config", "--explain", "allreduce", str(size), "--ranks",
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allreduce", str(size), "--ranks",
                         str(hosts), "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
     m = re.search(r"^pick: (\w+) \((.*)\)$", r.stdout, re.M)
     if not m:

@@ -19,10 +19,22 @@ using AlgorithmFn = void (*)(Context&);
 
 // Measured properties of one transport (core/select/cost.h): per-message latency
 // alpha (s), per-byte transfer time beta (s/byte), per-byte reduction time
-// gamma (s/byte).
+// gamma (s/byte), and overhead (s): what each further message of a burst
+// posted at once adds (the sender's and receiver's software cost per message;
+// its latency overlaps the first's). On a line without latency of its own
+// (loopback) overhead equals alpha; on a long line alpha is half the round
+// trip and overhead stays the software figure. 0 means "as alpha".
 struct TransportParams {
-  double alpha = 0, beta = 0, gamma = 0;
+  double alpha = 0, beta = 0, gamma = 0, overhead = 0;
 };
+
+// Seconds until the last of `msgs` messages posted together has started to
+// arrive: one latency, then each further message's overhead (at most alpha).
+inline double burstLatency(const TransportParams& t, int msgs) {
+  if (msgs <= 0) return 0;
+  const double o = t.overhead > 0 && t.overhead < t.alpha ? t.overhead : t.alpha;
+  return t.alpha + (msgs - 1) * o;
+}
 
 // Predicted seconds for n bytes (as in the tuning table: count x element size,
 // per rank where the collective is per rank) on p ranks.

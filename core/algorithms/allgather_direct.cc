@@ -7,7 +7,8 @@
 // neighbour per step suits links better.
 // Any p, any count; in-place when sendbuf == recvbuf + r·count (NCCL's rule);
 // a sendbuf inside recvbuf anywhere else is staged in scratch first.
-// Cost: (p-1)·alpha + (p-1)·count·beta per rank (transfers overlap).
+// Cost: alpha + (p-2)·o + (p-1)·count·beta per rank (o: per-message overhead,
+// TransportParams::overhead; the transfers are posted at once, so latencies overlap).
 #include <vector>
 
 #include "core/algorithms/registry.h"
@@ -38,8 +39,8 @@ void allgatherDirect(Context& ctx) {
 }
 
 namespace {
-// p-1 concurrent transfers: the latencies overlap only partly (counted whole).
-double directCost(double n, int p, const TransportParams& t) { return (p - 1) * t.alpha + (p - 1) * n * t.beta; }
+// p-1 concurrent transfers: one latency, then each further message's overhead.
+double directCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "direct", .fn = allgatherDirect, .cost = directCost});

@@ -2,7 +2,10 @@
 // and a send to every other rank (in order r+1, r+2, ... so that no single
 // rank is hit by everyone first), copies its own block locally, and waits.
 // In-place (sendbuf == recvbuf) stages the input in scratch first.
-// Cost: (p-1)·alpha + (p-1)·count·beta per rank (transfers overlap).
+// Cost: alpha + (p-2)·o + (p-1)·count·beta per rank, o the per-message overhead
+// (TransportParams::overhead): the p-1 messages are posted at once, so their
+// latencies overlap and each further one adds only its software cost (on a
+// loopback line o = alpha, which gives (p-1)·alpha).
 #include <algorithm>
 #include <vector>
 
@@ -62,7 +65,7 @@ void alltoallvPairwise(Context& ctx) {
 }
 
 namespace {
-double pairwiseCost(double n, int p, const TransportParams& t) { return (p - 1) * t.alpha + (p - 1) * n * t.beta; }
+double pairwiseCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "pairwise", .fn = alltoallPairwise, .cost = pairwiseCost});

@@ -1,7 +1,8 @@
 // Scatter, linear: the root sends block q of its input to rank q (all sends
 // posted at once); every other rank receives one block.
 // Any p, any root; sendbuf is only used on the root.
-// Cost: (p-1)·alpha + (p-1)·n·beta at the root.
+// Cost: alpha + (p-2)·o + (p-1)·n·beta at the root (o: per-message overhead,
+// TransportParams::overhead; the sends are posted at once, so latencies overlap).
 // Descriptor check: as a rooted collective it also runs the communicator's
 // exact descriptor check (Communicator::runCollective): p-1 messages of 24
 // bytes per rank alongside the data, one extra latency for ranks that only
@@ -30,7 +31,7 @@ void scatterLinear(Context& ctx) {
 }
 
 namespace {
-double linearCost(double n, int p, const TransportParams& t) { return (p - 1) * (t.alpha + n * t.beta); }
+double linearCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost,

@@ -20,12 +20,12 @@
 // torch's recorder has none without TORCH_NCCL_ENABLE_TIMING. Why: the two
 // counter reads cost ~22 ns on the 2-core VM HARP is measured on, where a
 // 2-rank shm 8-byte allreduce takes 0.46 us in C++. Measured there (quiet,
-// 2026-12-03, bench/RESULTS-observe.md "Session 9"): every call recorded, the
-// default sampling: +15.5 ns, 3.4% in C++ (bench/recorder_cost.cc), 3.0%
-// through Python (bench/recorder_overhead.py); tcp 0.25%. Timing every call
-// (HARP_FR_TIME_EVERY=1): +33 ns, 7.4% / 4.1%. The hardening decision accepts
-// 2.5% on shm and 1% on tcp for complete records: tcp is within it, shm is
-// not yet (the same hook cost 1.5-2.3% of the slower allreduce of session 7). The same calls keep the counters
+// 2026-12-04, bench/RESULTS-observe.md "The recorder on a quiet machine"): every call recorded,
+// the default sampling: +4.5-7 ns, 1.0-1.3% in C++ (bench/recorder_cost.cc; 2.8% in one run
+// of nine, where the allreduce took 0.25 us), 1.7% through Python (bench/recorder_overhead.py);
+// tcp 0.1-1.3%. Timing every call (HARP_FR_TIME_EVERY=1) about doubles it (session 9: +33 ns
+// at load 2.7, where the default measured +15.5 ns). The hardening decision accepts 2.5% on shm
+// and 1% on tcp for complete records. The same calls keep the counters
 // the stall warning, harp-status and the Prometheus exporter read: the last
 // collective started and completed, the operation in flight, and per
 // (collective, algorithm) counts, bytes and a log2 latency histogram.

@@ -57,13 +57,19 @@ void Calibration::parse(const std::string& text, const std::string& source) {
     auto hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     std::istringstream f(line);
-    std::string t, a, b, g, extra;
+    std::string t, a, b, g, o, extra;
     if (!(f >> t)) continue;
     const std::string where = source + ":" + std::to_string(n);
-    if (!(f >> a >> b >> g) || (f >> extra))
-      throw InvalidArgument(where + ": expected 4 columns: transport alpha_s beta_s_per_byte gamma_s_per_byte");
+    if (!(f >> a >> b >> g) || ((f >> o) && (f >> extra)))
+      throw InvalidArgument(where + ": expected 4 or 5 columns: transport alpha_s beta_s_per_byte gamma_s_per_byte"
+                                    " [overhead_s]");
     Line l{t, {parseValue(a, where, "alpha"), parseValue(b, where, "beta"), parseValue(g, where, "gamma")}, where};
     auto it = std::find_if(lines_.begin(), lines_.end(), [&](const Line& x) { return x.transport == t; });
+    // The per-message overhead: the fifth column; else the line this one
+    // replaces keeps its software figure (a calibrated long line has the
+    // loopback's overhead and its own alpha); else, a line of its own, alpha.
+    l.params.overhead = !o.empty() ? parseValue(o, where, "overhead")
+                        : it != lines_.end() ? it->params.overhead : l.params.alpha;
     if (it != lines_.end()) *it = l;
     else lines_.push_back(l);
   }
@@ -82,6 +88,7 @@ TransportParams Calibration::params(const std::string& transport) const {
       m.alpha = std::max(m.alpha, l.params.alpha);
       m.beta = std::max(m.beta, l.params.beta);
       m.gamma = std::max(m.gamma, l.params.gamma);
+      m.overhead = std::max(m.overhead, l.params.overhead);
     }
     return m;
   }

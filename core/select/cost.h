@@ -15,8 +15,13 @@
 //
 // HARP_CALIBRATION_FILE=path replaces lines of the built-in set. Format, one
 // transport per line, '#' starts a comment:
-//     # transport  alpha_s  beta_s_per_byte  gamma_s_per_byte
+//     # transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  [overhead_s]
 //     tcp          15e-6    4.2e-10          1.0e-10
+// overhead_s (TransportParams::overhead: what each further message of a burst
+// posted at once adds) is optional: a line that replaces another keeps that
+// line's overhead, so a long line calibrated by scripts/calibrate.py (alpha =
+// half its round trip) keeps the built-in software figure; a new transport's
+// line without it has overhead = alpha.
 // Produce one with `python3 scripts/calibrate.py > file` on the target machines.
 // Malformed lines, negative or non-finite values are errors naming file:line.
 //

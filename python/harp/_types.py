@@ -1,9 +1,10 @@
 """Datatypes, reduction ops and collective codes shared with the C++ core.
 
-The one list is base/vocab.def (the C++ enums are built from it); the
-classes, ITEMSIZE, _NP_TO_DT, _OP_NAMES and parse_dtype's aliases below mirror it
-and scripts/check_vocab.py, run by the build, fails on any difference. The
-integer values are part of the binding ABI.
+The one list is base/vocab.def. The C++ enums are built from it, and so is the
+table the compiled module hands over (``_harp.vocab()``, bindings/python_module.cc):
+DataType, ReduceOp, Coll, ITEMSIZE, the numpy mapping and the name aliases below are
+made from that table when harp is imported, so a datatype, op or collective added to
+vocab.def needs no edit here. The integer values are part of the binding ABI.
 """
 from __future__ import annotations
 
@@ -11,72 +12,27 @@ import enum
 
 import numpy as np
 
-
-class DataType(enum.IntEnum):
-    int8 = 0
-    uint8 = 1
-    int32 = 2
-    uint32 = 3
-    int64 = 4
-    uint64 = 5
-    float16 = 6
-    bfloat16 = 7
-    float32 = 8
-    float64 = 9
-    bool = 10
+from . import _harp
 
 
-class ReduceOp(enum.IntEnum):
-    SUM = 0
-    PROD = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4
-    BAND = 5
-    BOR = 6
-    BXOR = 7
+def _classes(vocab: dict):
+    """(DataType, ReduceOp, Coll, ITEMSIZE, numpy dtype -> DataType, op names, dtype aliases) from
+    `vocab`, a table shaped like _harp.vocab()'s."""
+    dt = enum.IntEnum("DataType", [(n, v) for n, v, _, _ in vocab["dtypes"]], module=__name__, qualname="DataType")
+    op = enum.IntEnum("ReduceOp", [(p, v) for _, v, p in vocab["ops"]], module=__name__, qualname="ReduceOp")
+    coll = enum.IntEnum("Coll", [(n, v) for n, v, *_ in vocab["colls"]], module=__name__, qualname="Coll")
+    itemsize = {dt[n]: size for n, _, size, _ in vocab["dtypes"]}
+    # numpy's own dtypes (bfloat16 is not one: ml_dtypes', recognised by name in dtype_of)
+    np_to_dt = {np.dtype(getattr(np, npn)): dt[n] for n, _, _, npn in vocab["dtypes"] if hasattr(np, npn)}
+    by_name = {n: op(v) for n, v, _ in vocab["ops"]}
+    op_names = {}
+    for n, o in by_name.items():  # each op's name, then its aliases (the order error messages list them in)
+        op_names[n] = o
+        op_names.update({a: o for a, t in vocab["op_aliases"] if t == n})
+    return dt, op, coll, itemsize, np_to_dt, op_names, dict(vocab["dtype_aliases"])
 
 
-class Coll(enum.IntEnum):
-    allreduce = 0
-    broadcast = 1
-    reduce = 2
-    allgather = 3
-    reduce_scatter = 4
-    alltoall = 5
-    alltoallv = 6
-    gather = 7
-    scatter = 8
-    barrier = 9
-    send = 10
-    recv = 11
-    p2p_batch = 12
-    allreduce_coalesced = 13
-
-
-_NP_TO_DT = {
-    np.dtype(np.int8): DataType.int8,
-    np.dtype(np.uint8): DataType.uint8,
-    np.dtype(np.int32): DataType.int32,
-    np.dtype(np.uint32): DataType.uint32,
-    np.dtype(np.int64): DataType.int64,
-    np.dtype(np.uint64): DataType.uint64,
-    np.dtype(np.float16): DataType.float16,
-    np.dtype(np.float32): DataType.float32,
-    np.dtype(np.float64): DataType.float64,
-    np.dtype(np.bool_): DataType.bool,
-}
-
-_OP_NAMES = {
-    "sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "product": ReduceOp.PROD, "min": ReduceOp.MIN,
-    "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG, "band": ReduceOp.BAND,
-    "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
-}
-
-# Bytes per element of each HARP datatype (base/types.cc dtypeSize).
-ITEMSIZE = {DataType.int8: 1, DataType.uint8: 1, DataType.int32: 4, DataType.uint32: 4, DataType.int64: 8,
-            DataType.uint64: 8, DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4,
-            DataType.float64: 8, DataType.bool: 1}
+DataType, ReduceOp, Coll, ITEMSIZE, _NP_TO_DT, _OP_NAMES, _DTYPE_ALIASES = _classes(_harp.vocab())
 
 # p2p tags travel as uint32 (core/engine/communicator.h CollArgs::tag).
 MAX_TAG = 2**32 - 1
@@ -113,7 +69,7 @@ def parse_dtype(d) -> DataType:
         raise _invalid(f"dtype: {d!r} is not a datatype (a name such as 'float32', or a numpy dtype)")
     if isinstance(d, str):
         try:
-            return DataType[{"half": "float16", "float": "float32", "double": "float64"}.get(d, d)]
+            return DataType[_DTYPE_ALIASES.get(d, d)]
         except KeyError:
             raise _invalid(f"dtype: unknown dtype '{d}' (known: {', '.join(x.name for x in DataType)})") from None
     try:

@@ -193,7 +193,7 @@ TEST(Calibration, FileLinesReplaceBuiltinOnes) {
 
 TEST(Calibration, RejectsBadLinesNamingThem) {
   Calibration c;
-  for (const char* bad : {"tcp 1 2\n", "tcp 1 2 3 4\n", "tcp -1 2 3\n", "tcp x 2 3\n", "tcp nan 2 3\n", "tcp 1e999 1 1\n"}) {
+  for (const char* bad : {"tcp 1 2\n", "tcp 1 2 3 4 5\n", "tcp 1 2 3 -4\n", "tcp -1 2 3\n", "tcp x 2 3\n", "tcp nan 2 3\n", "tcp 1e999 1 1\n"}) {
     try {
       c.parse(bad, "cal.txt");
       ADD_FAILURE() << "accepted: " << bad;
@@ -201,6 +201,31 @@ TEST(Calibration, RejectsBadLinesNamingThem) {
       EXPECT_NE(std::string(e.what()).find("cal.txt:1"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Calibration, ALongLineKeepsTheSoftwareOverheadOfTheLineItReplaces) {
+  Calibration c = Calibration::builtin();
+  const double loopback = c.params("tcp").alpha;
+  EXPECT_EQ(c.params("tcp").overhead, loopback);  // a line of its own: overhead = alpha
+  c.parse("tcp 5e-4 8e-9 1e-10\n", "zones");     // scripts/calibrate.py on a 1 ms line
+  EXPECT_EQ(c.params("tcp").alpha, 5e-4);
+  EXPECT_EQ(c.params("tcp").overhead, loopback);
+  c.parse("tcp 5e-4 8e-9 1e-10 2e-6\n", "zones");  // the fifth column, when given
+  EXPECT_EQ(c.params("tcp").overhead, 2e-6);
+  c.parse("verbs 4e-6 1e-10 0\n", "v");
+  EXPECT_EQ(c.params("verbs").overhead, 4e-6);
+  EXPECT_EQ(c.params("mixed").overhead, std::max({2e-6, 4e-6, c.params("shm").overhead}));
+}
+
+TEST(Calibration, BurstLatencyIsOneLatencyThenOverheads) {
+  TransportParams t{.alpha = 5e-4, .beta = 0, .gamma = 0, .overhead = 1e-5};
+  EXPECT_EQ(burstLatency(t, 0), 0);
+  EXPECT_EQ(burstLatency(t, 1), 5e-4);
+  EXPECT_DOUBLE_EQ(burstLatency(t, 7), 5e-4 + 6 * 1e-5);
+  t.overhead = 0;  // unknown: as alpha, every message a latency
+  EXPECT_DOUBLE_EQ(burstLatency(t, 7), 7 * 5e-4);
+  t.overhead = 1;  // never more than alpha
+  EXPECT_DOUBLE_EQ(burstLatency(t, 7), 7 * 5e-4);
 }
 
 TEST(Calibration, GammaIsMeasuredPositive) {
@@ -253,6 +278,22 @@ TEST(Select, RowsForAShortLineLeaveALongOneToTheCostModel) {
   EXPECT_STREQ(far.pick->name, "recursive_doubling");
   EXPECT_NE(far.reason().find("measured for another line"), std::string::npos) << far.reason();
   EXPECT_NE(far.reason().find("500 us"), std::string::npos) << far.reason();
+}
+
+TEST(Select, AlgorithmsThatPostEveryMessageAtOncePayOneLatencyOnALongLine) {
+  // Pairwise alltoall posts its p-1 messages together: on a 1 ms line (alpha 500 us) they
+  // overlap, and one latency plus six overheads beats Bruck's three rounds; on loopback, where
+  // every message costs its own alpha, Bruck's three rounds beat seven messages.
+  const TuningTable empty;
+  Calibration lan = Calibration::builtin(), zones = Calibration::builtin();
+  zones.parse("tcp 5e-4 8e-9 2.5e-10\n", "zones");
+  auto q = query(CollType::kAlltoall, 64, 8, "tcp");
+  Selection far = selectAlgorithm(q, empty, zones, true);
+  EXPECT_EQ(far.source, PickSource::kCostModel);
+  EXPECT_STREQ(far.pick->name, "pairwise");
+  EXPECT_LT(predictedSeconds(*far.pick, q, far.params), 2 * 5e-4);
+  Selection near = selectAlgorithm(q, empty, lan, true);
+  EXPECT_STREQ(near.pick->name, "bruck");
 }
 
 TEST(Select, CostModelPicksTheCheapestWhereTheTableIsSilent) {

@@ -55,7 +55,7 @@ def load_nccl():
     except ImportError:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("harp_nccl_standalone", os.path.join(_SRC, "harp", "nccl.py"))
+        spec = importlib.util.spec_from_file_location("harp_nccl_standalone", os.path.join(_SRC, "harp", "nccl", "__init__.py"))
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod

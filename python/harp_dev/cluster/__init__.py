@@ -1,4 +1,4 @@
-"""harp.cluster: an emulated multi-host cluster on one machine (the "VPC arena").
+"""harp_dev.cluster: an emulated multi-host cluster on one machine (the "VPC arena").
 
     harp-cluster up --hosts 4 --rate 1gbit           # 4 emulated hosts, 1 Gbit/s uplinks
     harp-cluster run --hosts 4 --ppn 1 -- python train.py

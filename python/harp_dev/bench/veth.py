@@ -5,7 +5,7 @@
 
 N network namespaces (-np, default 2), one rank each, joined by a data veth
 pair through a bridge; the bootstrap store runs on a separate control veth
-(harp.cluster.veth_hosts; needs root and a build with the dpdk
+(harp_dev.cluster.veth_hosts; needs root and a build with the dpdk
 transport). The same data veth carries:
   * harp-dpdk: HARP_TRANSPORT=dpdk, HARP_DPDK_PORT=<pmd>:<data veth> (kernel bypass)
   * harp-tcp:  HARP_TRANSPORT=tcp, HARP_SOCKET_IFNAME=<data veth>     (kernel TCP)
@@ -95,7 +95,7 @@ def run(a, tmp, worker_args):
         for rnd in range(max(1, a.rounds)):
             for name, lib, env in runs:
                 out = os.path.join(tmp, f"{name}-{rnd}.json")
-                argv = [sys.executable, "-m", "harp.bench.workers", lib, json.dumps(worker_args(a, out))]
+                argv = [sys.executable, "-m", "harp_dev.bench.workers", lib, json.dumps(worker_args(a, out))]
                 outs, rcs = _run_all(hosts, lambda r, h: argv, env)
                 if any(rcs):
                     failed.append(f"{name}: round {rnd + 1}: ranks failed {rcs}: " + outs[0][-500:])

@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 
-from .._version import __version__
+from harp._version import __version__
 
 
 def _git(root, *args):

@@ -2,7 +2,7 @@
 
 Started by net.start_holder as
     ip netns exec hc-<name>-h<i> unshare --uts --mount --propagation private \\
-        python3 -m harp.cluster.holder --hostname H --hosts FILE
+        python3 -m harp_dev.cluster.holder --hostname H --hosts FILE
 so it runs inside the host's network namespace (`ip netns exec` has already
 mounted that namespace's /sys) and in fresh UTS and mount namespaces. It sets
 the hostname, mounts a private tmpfs on /dev/shm, bind-mounts FILE over

@@ -16,7 +16,7 @@ import json
 import os
 import re
 
-from .. import _params
+from harp import _params
 
 STATE_DIR = _params.get("HARP_CLUSTER_STATE_DIR")
 SLOTS = 32

@@ -1,4 +1,4 @@
-"""harp-cluster: command line of the VPC arena (see harp.cluster).
+"""harp-cluster: command line of the VPC arena (see harp_dev.cluster).
 
     harp-cluster up --hosts 4 [--rate 1gbit] [--mtu 1500] [--nics 1|2] [--flow-cap RATE] [--congestion bbr]
                     [--delay 100us] [--jitter 20us] [--loss 0.1%] [--host-rate 2=500mbit] [--host-delay 3=1ms]
@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 
-from .. import _params
+from harp import _params
 from . import launchers
 from . import net
 from . import runner
@@ -59,7 +59,7 @@ def _up_opts(ap, hosts_required):
 def parser():
     ap = argparse.ArgumentParser(prog="harp-cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .._version import __version__
+    from harp._version import __version__
 
     ap.add_argument("--version", action="version", version=f"harp-cluster (harp {__version__})")
     common = argparse.ArgumentParser(add_help=False)

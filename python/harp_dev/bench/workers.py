@@ -1,8 +1,8 @@
 """harp-bench workers: one process per rank runs the sweep through one library.
 
-    python -m harp.bench.workers harp  <json-args>   (launched by harp-run or any launcher)
-    python -m harp.bench.workers gloo  <json-args>   (torch.distributed + gloo; env:// rendezvous)
-    python -m harp.bench.workers mpi   <json-args>   (mpi4py under mpirun)
+    python -m harp_dev.bench.workers harp  <json-args>   (launched by harp-run or any launcher)
+    python -m harp_dev.bench.workers gloo  <json-args>   (torch.distributed + gloo; env:// rendezvous)
+    python -m harp_dev.bench.workers mpi   <json-args>   (mpi4py under mpirun)
 
 Each worker times `iters` back-to-back calls after `warmup` calls (and a barrier),
 for the out-of-place and the in-place form, averages the time over ranks, and

@@ -1,7 +1,7 @@
 """The Ray Train driver of `harp-cluster run --launcher ray`: an unmodified
 training script as the train loop of a TorchTrainer.
 
-    python -m harp.cluster.ray_job --address HEAD:6379 --nodes 3 --workers 3 [--backend harp] -- script.py ARGS...
+    python -m harp_dev.cluster.ray_job --address HEAD:6379 --nodes 3 --workers 3 [--backend harp] -- script.py ARGS...
 
 The arena's ray launcher starts one Ray node per emulated host (`ray start
 --block`, each node with `harp_slot` resources = ranks per host, so Ray places
@@ -73,7 +73,7 @@ def _wait_for_nodes(ray, n, timeout):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m harp.cluster.ray_job")
+    ap = argparse.ArgumentParser(prog="python -m harp_dev.cluster.ray_job")
     ap.add_argument("--address", required=True)
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--workers", type=int, required=True)

@@ -10,11 +10,11 @@ torchrun: one `torchrun` agent per host, c10d rendezvous at host 0:29400.
 mpirun:   Open MPI's mpirun started on host 0, reaching the other hosts with an
           rsh agent script that nsenters their namespaces; TCP BTL on eth0.
 slurm:    Slurm's srun on host 0, against a slurmctld on host 0 and one slurmd
-          per host that runner.run starts for the job (harp.cluster.slurm).
+          per host that runner.run starts for the job (harp_dev.cluster.slurm).
 ray:      one Ray node per host (`ray start --block`; the head on host 0, each
           node with its own /tmp/ray as on separate machines and `harp_slot`
           resources = ranks per host) and, on host 0, the Ray Train driver
-          (harp.cluster.ray_job) running the script in a TorchTrainer with
+          (harp_dev.cluster.ray_job) running the script in a TorchTrainer with
           TorchConfig(backend=--backend of the script, default harp).
 Address-based launches (torchrun, mpirun, slurm) get HARP_SECRET, a fresh random
 value per job, as harp.init() needs it there; HARP_ADDR for mpirun and slurm. Under harp
@@ -152,7 +152,7 @@ def _ray(st, hosts, ppn, cmd, env):
         argv = ["/bin/sh", "-c", 'mkdir -p /tmp/ray && mount -t tmpfs -o size=1g harp-ray /tmp/ray || exit 1; n=0; '
                 'until "$@"; do n=$((n + 1)); [ $n -ge 30 ] && exit 1; sleep 2; done', "ray-node", *start]
         out.append(Spec(h, argv, e, f"ray node on host {h}", daemon=True))
-    driver = [sys.executable, "-m", "harp.cluster.ray_job", f"--address={head}", f"--nodes={hosts}",
+    driver = [sys.executable, "-m", "harp_dev.cluster.ray_job", f"--address={head}", f"--nodes={hosts}",
               f"--workers={hosts * ppn}", f"--backend={_script_backend(cmd)}", "--", *python_cmd(cmd)]
     out.append(Spec(0, driver, e, "Ray Train driver"))
     return out

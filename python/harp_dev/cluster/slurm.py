@@ -61,7 +61,7 @@ def _conf(st, d, hosts, ppn):
     name = st["name"]
     nodes = "\n".join(f"NodeName={topo.hostname(name, i)} NodeAddr={topo.address(st['slot'], i)} "
                       f"CPUs={max(ppn, 1)} State=UNKNOWN" for i in range(hosts))
-    return f"""# harp-cluster: Slurm for one job on arena cluster {name} (written by harp.cluster.slurm)
+    return f"""# harp-cluster: Slurm for one job on arena cluster {name} (written by harp_dev.cluster.slurm)
 ClusterName=harp{name.lower()}
 SlurmctldHost={topo.hostname(name, 0)}({topo.address(st['slot'], 0)})
 SlurmctldPort={CTLD_PORT}

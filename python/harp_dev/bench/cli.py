@@ -38,7 +38,7 @@ import sys
 import tempfile
 
 from . import check, sweep
-from .._version import __version__
+from harp._version import __version__
 
 
 def _free_port():
@@ -137,8 +137,8 @@ def progress_mode(a):
 
 
 def _worker_cmd(a, lib, out):
-    # interleave drives every library from one rank process (harp.bench.interleave, above workers)
-    mod = "harp.bench.interleave" if lib == "interleave" else "harp.bench.workers"
+    # interleave drives every library from one rank process (harp_dev.bench.interleave, above workers)
+    mod = "harp_dev.bench.interleave" if lib == "interleave" else "harp_dev.bench.workers"
     return [sys.executable, "-m", mod, lib, json.dumps(worker_args(a, out))]
 
 
@@ -157,7 +157,7 @@ class _Failed(Exception):
 
 
 def run_harp(a, tmp):
-    from ..launch import spawn
+    from harp.launch import spawn
 
     out = os.path.join(tmp, "harp.json")
     env = {"HARP_TRANSPORT": a.transport} if a.transport else {}
@@ -272,8 +272,8 @@ def print_compare(a, results):
 
 def run_interleaved(a, tmp):
     """--interleave / --torch-overhead: every library in the same ranks (interleave.py); (results, failures)."""
-    from ..comm import get_unique_id
-    from ..launch import spawn
+    from harp.comm import get_unique_id
+    from harp.launch import spawn
     from .interleave import merge
 
     out = os.path.join(tmp, "interleave.json")

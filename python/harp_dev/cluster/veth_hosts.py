@@ -1,7 +1,7 @@
 """Namespace hosts joined by two networks: a control network with addresses
 (for the bootstrap) and a data network without (the interface a kernel-bypass
 transport, DPDK's af_packet / af_xdp, takes over). harp-bench --veth and the
-DPDK tests run on them; the VPC arena (harp.cluster.net) is the shaped,
+DPDK tests run on them; the VPC arena (harp_dev.cluster.net) is the shaped,
 multi-NIC cousin for TCP.
 
     with dpdk_hosts(3, netem=["loss", "2%"]) as hosts:   # hosts[i].ns, .addr, .data

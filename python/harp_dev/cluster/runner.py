@@ -57,7 +57,7 @@ def kill_job(job, grace=1.0):
 
 
 def start_reaper(job, down_name=None):
-    argv = [sys.executable, "-m", "harp.cluster", "_reap", "--pid", str(os.getpid()), "--job", job]
+    argv = [sys.executable, "-m", "harp_dev.cluster", "_reap", "--pid", str(os.getpid()), "--job", job]
     if down_name:
         argv += ["--down", down_name]
     env = {k: v for k, v in os.environ.items() if k != JOB_VAR}

@@ -1,7 +1,7 @@
 """What an arena link delivers, measured from inside two host namespaces (harp-cluster probe).
 
-    python -m harp.cluster.probe server ADDR PORT          # in the far host's namespace
-    python -m harp.cluster.probe client ADDR PORT [--rounds 300] [--stream 2] [--udp 20000]
+    python -m harp_dev.cluster.probe server ADDR PORT          # in the far host's namespace
+    python -m harp_dev.cluster.probe client ADDR PORT [--rounds 300] [--stream 2] [--udp 20000]
 
 The client prints one JSON line: `rtt_us` (median, min, p90 of TCP ping-pongs of one byte with
 TCP_NODELAY, after 20 warm-up rounds), `stream_MBps` (one TCP stream for --stream seconds, counted

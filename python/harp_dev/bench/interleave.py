@@ -180,7 +180,7 @@ def merge(out, nranks, call_by_call):
     return results
 
 
-if __name__ == "__main__":  # python -m harp.bench.interleave interleave <json-args>, as harp-bench launches it
+if __name__ == "__main__":  # python -m harp_dev.bench.interleave interleave <json-args>, as harp-bench launches it
     if len(sys.argv) != 3 or sys.argv[1] != "interleave":
         sys.exit("run through harp-bench --interleave / --torch-overhead")
     main(json.loads(sys.argv[2]))

@@ -31,8 +31,8 @@ import json
 import os
 import sys
 
-from . import _params
-from ._version import __version__
+from .. import _params
+from .._version import __version__
 
 
 def transport_table():
@@ -129,7 +129,8 @@ def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_
            + (", in place" if in_place else ""),
            f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us (per message: half a round trip, RTT "
            f"{2 * e['alpha'] * 1e6:.3g} us), beta {e['beta'] * 1e9:.3g} ns/byte, "
-           f"gamma {e['gamma'] * 1e9:.3g} ns/byte ({e['params_source']})",
+           f"gamma {e['gamma'] * 1e9:.3g} ns/byte, overhead {e['overhead'] * 1e6:.3g} us per further message of a "
+           f"burst ({e['params_source']})",
            f"  {'algorithm':20s} {'restrictions':18s} {'predicted':>12s}  status"]
     for c in e["candidates"]:
         status = "ok" if not c["failed"] else "failed: " + c["failed"]

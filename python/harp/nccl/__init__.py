@@ -39,7 +39,7 @@ import numbers
 import os
 import threading
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 NCCL_UNIQUE_ID_BYTES = 128
 
@@ -104,9 +104,9 @@ class _UniqueId(ctypes.Structure):
 
 
 def library_path() -> str:
-    """Path of libharp-nccl.so (HARP_NCCL_LIB overrides)."""
-    return os.environ.get("HARP_NCCL_LIB") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                            "libharp-nccl.so")
+    """Path of libharp-nccl.so, beside libharp.so in the harp package (HARP_NCCL_LIB overrides)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.environ.get("HARP_NCCL_LIB") or os.path.join(package, "libharp-nccl.so")
 
 
 _lib = None

@@ -1,7 +1,7 @@
 // harp-delayline — the arena's switch when its links need round-trip time,
 // jitter or loss: an Ethernet switch in user space that holds every frame
 // until its due time (harp-cluster up --delay/--jitter/--loss/--host-delay/
-// --zones; python/harp/cluster/net.py starts one per NIC in the switch
+// --zones; python/harp_dev/cluster/net.py starts one per NIC in the switch
 // namespace). This machine's kernel has no netem; tbf on the veths still
 // shapes the rate, this process adds the time a frame spends on the wire.
 //

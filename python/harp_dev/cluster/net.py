@@ -212,21 +212,17 @@ def expected_rtt_ns(st, a, b):
 
 
 def delayline_binary():
-    """harp-delayline: installed beside libharp.so (the build's target), else compiled from
-    delayline.c into the state folder (root's, 0755) when the source is newer."""
+    """harp-delayline, compiled from delayline.c (beside this file) into the state folder (root's,
+    0755) when the source is newer than the binary there."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.path.join(os.path.dirname(here), "harp-delayline"),):
-        # installed (wheel) or copied by scripts/dev-build.sh; a source edited since is rebuilt below
-        if os.access(cand, os.X_OK) and os.path.getmtime(cand) + 2 >= os.path.getmtime(os.path.join(here, "delayline.c")):
-            return cand
     src = os.path.join(here, "delayline.c")
     os.makedirs(topo.STATE_DIR, mode=0o755, exist_ok=True)
     out = os.path.join(topo.STATE_DIR, "harp-delayline")
     if not (os.access(out, os.X_OK) and os.path.getmtime(out) >= os.path.getmtime(src)):
         cc = shutil.which("cc") or shutil.which("gcc")
         if not cc:
-            raise RuntimeError("harp-cluster: --delay/--jitter/--loss need harp-delayline (built with HARP) "
-                               "or a C compiler to build python/harp/cluster/delayline.c")
+            raise RuntimeError(f"harp-cluster: --delay/--jitter/--loss need a C compiler (cc or gcc) to build "
+                               f"harp-delayline from {src}")
         tmp = out + f".{os.getpid()}"
         r = subprocess.run([cc, "-O2", "-o", tmp, src], capture_output=True, text=True, timeout=120)
         if r.returncode:
@@ -274,17 +270,17 @@ def probe(st, a=0, b=1, stream=0.0, udp=0, rounds=300, nic=0):
     srv_ns, cli_ns = topo.host_ns(st["name"], b), topo.host_ns(st["name"], a)
     addr = topo.address(st["slot"], b, nic)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    srv = subprocess.Popen(["ip", "netns", "exec", srv_ns, sys.executable, "-m", "harp.cluster.probe", "server", addr,
+    srv = subprocess.Popen(["ip", "netns", "exec", srv_ns, sys.executable, "-m", "harp_dev.cluster.probe", "server", addr,
                             str(PROBE_PORT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         if not srv.stdout.readline().startswith("READY"):
             raise RuntimeError(f"harp-cluster probe: server did not start: {srv.stderr.read().strip()}")
-        r = subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp.cluster.probe", "client", addr,
+        r = subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp_dev.cluster.probe", "client", addr,
                             str(PROBE_PORT), "--rounds", str(rounds), "--stream", str(stream), "--udp", str(udp)],
                            capture_output=True, text=True, env=env, timeout=CMD_TIMEOUT + stream + udp / 5000)
         if r.returncode:
             raise RuntimeError(f"harp-cluster probe failed: {r.stderr.strip()[-2000:]}")
-        subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp.cluster.probe", "stop", addr,
+        subprocess.run(["ip", "netns", "exec", cli_ns, sys.executable, "-m", "harp_dev.cluster.probe", "stop", addr,
                         str(PROBE_PORT)], capture_output=True, env=env, timeout=CMD_TIMEOUT)
         return json.loads(r.stdout.strip().splitlines()[-1])
     finally:
@@ -334,7 +330,7 @@ def hosts_file(st):
 def start_holder(st, i, hosts_path):
     ns = topo.host_ns(st["name"], i)
     argv = ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private",
-            sys.executable, "-m", "harp.cluster.holder", "--hostname", topo.hostname(st["name"], i),
+            sys.executable, "-m", "harp_dev.cluster.holder", "--hostname", topo.hostname(st["name"], i),
             "--hosts", hosts_path]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     _, line = _start_ready(argv, f"holder of host {i}", env=env)
