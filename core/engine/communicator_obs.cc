@@ -27,6 +27,7 @@ void Communicator::attachRecorder() {
   }
   id.transport = transport_kind_;
   id.timeout_s = timeout_s_;
+  id.secret = token_, id.bind_host = commInfo().bind_hint;  // the job view (core/observe/jobview.h)
   recorder_ = std::make_shared<obs::Recorder>(std::move(id), static_cast<size_t>(n), store_);
   res_.recorder = recorder_.get();
   obs::registerRecorder(recorder_);

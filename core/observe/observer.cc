@@ -8,8 +8,10 @@
 //              only writes one byte to the pipe (async-signal-safe); the
 //              thread then writes the flight-record dump (core/observe/fr_dump.cc).
 //              The status socket answers "STATUS" with every communicator's
-//              state as JSON (statusJson) and "DUMP" with a dump's path; it
-//              never touches the store, so it answers during any hang.
+//              state as JSON (statusJson), "DUMP" with a dump's path and
+//              "JOBVIEW" with the job-view endpoints and keys; it never
+//              touches the store, so it answers during any hang. The same
+//              poll serves the job view's TCP listener (core/observe/jobview.h).
 //   publisher: every HARP_OBS_PUBLISH_S, stores each communicator's op
 //              counters when they changed (core/observe/recorder.h), so a rank that
 //              stopped calling collectives is still current in the stall view.
@@ -51,9 +53,38 @@
 #include "base/folder.h"
 #include "base/log.h"
 #include "bootstrap/socket.h"
+#include "core/observe/jobview.h"
 #include "core/observe/recorder.h"
 
 namespace harp::obs {
+
+std::string jsonString(const std::string& v) {
+  std::string o = "\"";
+  for (unsigned char c : v) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20) {
+      char b[8];
+      snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o + "\"";
+}
+
+std::string jsonNumber(double d) {
+  char b[32];
+  snprintf(b, sizeof b, "%.9g", d);
+  return b;
+}
+
+std::string opJson(const Recorder& r, const OpSnapshot& s, uint64_t now) {
+  return "{\"collective\":" + jsonString(collName(static_cast<CollType>(s.coll))) + ",\"seq\":" +
+         std::to_string(s.seq) + ",\"p2p_seq\":" + std::to_string(s.p2p_seq) + ",\"count\":" +
+         std::to_string(s.count) + ",\"dtype\":" + jsonString(dtypeName(static_cast<DataType>(s.dtype))) +
+         ",\"algorithm\":" + jsonString(s.algo) + ",\"peer\":" + std::to_string(s.peer) + ",\"running_s\":" +
+         jsonNumber((now - s.t_start) * nsPerTick() * 1e-9) + ",\"transport\":" + jsonString(r.identity().transport) + "}";
+}
+
 namespace {
 
 struct State {
@@ -84,9 +115,16 @@ void onSigusr1(int) {
   errno = saved;
 }
 
-void atforkPrepare() { state().mu.lock(); }
-void atforkParent() { state().mu.unlock(); }
+void atforkPrepare() {
+  state().mu.lock();
+  jobview::atforkPrepare();
+}
+void atforkParent() {
+  jobview::atforkParent();
+  state().mu.unlock();
+}
 void atforkChild() {
+  jobview::atforkChild();
   State& s = state();
   s.live.clear();
   s.started = false;
@@ -105,25 +143,6 @@ void unlinkAtExit() {
   if (!s.own_dir.empty()) ::rmdir(s.own_dir.c_str());
 }
 
-std::string jsonStr(const std::string& v) {
-  std::string o = "\"";
-  for (unsigned char c : v) {
-    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
-    else if (c < 0x20) {
-      char b[8];
-      snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else o += static_cast<char>(c);
-  }
-  return o + "\"";
-}
-
-std::string num(double d) {
-  char b[32];
-  snprintf(b, sizeof b, "%.9g", d);
-  return b;
-}
-
 std::string algoName(int coll, int index) {
   auto v = algorithmsOf(static_cast<CollType>(coll));
   return index < static_cast<int>(v.size()) && v[index]->name ? v[index]->name : "?";
@@ -138,15 +157,15 @@ std::string metricsJson(const Recorder& r) {
       uint64_t n = m.count.load(std::memory_order_relaxed);
       if (!n) continue;
       o += (o.size() > 1 ? "," : "");
-      o += "{\"collective\":" + jsonStr(collName(static_cast<CollType>(c))) + ",\"algorithm\":" +
-           jsonStr(algoName(c, a)) + ",\"count\":" + std::to_string(n) +
+      o += "{\"collective\":" + jsonString(collName(static_cast<CollType>(c))) + ",\"algorithm\":" +
+           jsonString(algoName(c, a)) + ",\"count\":" + std::to_string(n) +
            ",\"bytes\":" + std::to_string(m.bytes.load(std::memory_order_relaxed)) +
            ",\"timed\":" + std::to_string(m.timed.load(std::memory_order_relaxed)) +
            ",\"timed_bytes\":" + std::to_string(m.timed_bytes.load(std::memory_order_relaxed)) +
-           ",\"seconds\":" + num(m.ticks.load(std::memory_order_relaxed) * tick_s) + ",\"buckets\":[";
+           ",\"seconds\":" + jsonNumber(m.ticks.load(std::memory_order_relaxed) * tick_s) + ",\"buckets\":[";
       for (int b = 0; b < kHistBuckets; ++b) {
         // Upper bound of bucket b: 2^(b+1) ticks.
-        o += (b ? "," : "") + std::string("[") + num(std::ldexp(1.0, b + 1) * tick_s) + "," +
+        o += (b ? "," : "") + std::string("[") + jsonNumber(std::ldexp(1.0, b + 1) * tick_s) + "," +
              std::to_string(m.hist[b].load(std::memory_order_relaxed)) + "]";
       }
       o += "]}";
@@ -154,20 +173,12 @@ std::string metricsJson(const Recorder& r) {
   return o + "]";
 }
 
-std::string opJson(const Recorder& r, const OpSnapshot& s, uint64_t now) {
-  return "{\"collective\":" + jsonStr(collName(static_cast<CollType>(s.coll))) + ",\"seq\":" +
-         std::to_string(s.seq) + ",\"p2p_seq\":" + std::to_string(s.p2p_seq) + ",\"count\":" +
-         std::to_string(s.count) + ",\"dtype\":" + jsonStr(dtypeName(static_cast<DataType>(s.dtype))) +
-         ",\"algorithm\":" + jsonStr(s.algo) + ",\"peer\":" + std::to_string(s.peer) + ",\"running_s\":" +
-         num((now - s.t_start) * nsPerTick() * 1e-9) + ",\"transport\":" + jsonStr(r.identity().transport) + "}";
-}
-
 std::string commJson(Recorder& r) {
   const Identity& id = r.identity();
   char hex[24];
   snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id.comm_id));
   std::string hosts, pids, granks;
-  for (size_t i = 0; i < id.hosts.size(); ++i) hosts += (i ? "," : "") + jsonStr(id.hosts[i]);
+  for (size_t i = 0; i < id.hosts.size(); ++i) hosts += (i ? "," : "") + jsonString(id.hosts[i]);
   for (size_t i = 0; i < id.pids.size(); ++i) pids += (i ? "," : "") + std::to_string(id.pids[i]);
   auto g = r.globalRanks();
   for (size_t i = 0; i < g.size(); ++i) granks += (i ? "," : "") + std::to_string(g[i]);
@@ -175,10 +186,10 @@ std::string commJson(Recorder& r) {
   std::string flight = r.inFlight(&op) ? opJson(r, op, ticks()) : "null";
   return "{\"comm\":\"" + std::string(hex) + "\",\"rank\":" + std::to_string(id.rank) + ",\"size\":" +
          std::to_string(id.size) + ",\"hosts\":[" + hosts + "],\"pids\":[" + pids + "],\"global_ranks\":[" +
-         granks + "],\"transport\":" + jsonStr(id.transport) + ",\"timeout_s\":" + num(id.timeout_s) +
+         granks + "],\"transport\":" + jsonString(id.transport) + ",\"timeout_s\":" + jsonNumber(id.timeout_s) +
          ",\"started\":" + std::to_string(r.started()) + ",\"completed\":" + std::to_string(r.completed()) +
          ",\"ops\":" + std::to_string(r.ops()) + ",\"in_flight\":" + flight + ",\"stall_view\":" +
-         jsonStr(r.stallView()) + ",\"metrics\":" + metricsJson(r) + "}";
+         jsonString(r.stallView()) + ",\"metrics\":" + metricsJson(r) + "}";
 }
 
 // HARP_STATUS_DIR when set (refused unless private), else <$XDG_RUNTIME_DIR or
@@ -248,13 +259,15 @@ void answer(int cfd) {
   std::string cmd(req, n);
   cmd = cmd.substr(0, cmd.find_first_of("\r\n"));
   std::string out;
-  if (cmd == "DUMP") {
+  if (cmd == "JOBVIEW") {
+    out = jobview::endpointsJson() + "\n";  // the keys: this socket answers only this user (above)
+  } else if (cmd == "DUMP") {
     std::string err, path = dumpFlightRecord("status socket DUMP", &err);
-    out = "{\"dump\":" + jsonStr(path) + ",\"error\":" + jsonStr(err) + "}\n";
+    out = "{\"dump\":" + jsonString(path) + ",\"error\":" + jsonString(err) + "}\n";
   } else if (cmd == "STATUS" || cmd.empty()) {
     out = statusJson() + "\n";
   } else {
-    out = "{\"error\":\"unknown request; send STATUS or DUMP\"}\n";
+    out = "{\"error\":\"unknown request; send STATUS, DUMP or JOBVIEW\"}\n";
   }
   Deadline wl = Deadline::after(2.0);
   size_t off = 0;
@@ -273,18 +286,25 @@ void answer(int cfd) {
 void observerLoop(int sig_rd, int listen_fd) {
   env::nameThread("harp-observer");
   for (;;) {
-    pollfd p[2] = {{sig_rd, POLLIN, 0}, {listen_fd, POLLIN, 0}};
-    int rc = ::poll(p, listen_fd >= 0 ? 2 : 1, -1);
+    // The job-view listener opens with the first communicator that joins it
+    // (jobview::join wakes this poll with a 'j' on the pipe).
+    const int jv_fd = jobview::listenFd();
+    pollfd p[3] = {{sig_rd, POLLIN, 0}, {jv_fd, POLLIN, 0}, {listen_fd, POLLIN, 0}};
+    int rc = ::poll(p, listen_fd >= 0 ? 3 : 2, -1);  // a negative fd is skipped
     if (rc < 0 && errno != EINTR) return;
     if (p[0].revents & POLLIN) {
       char buf[64];
-      while (::read(sig_rd, buf, sizeof buf) > 0) {
+      bool dump = false;
+      ssize_t n;
+      while ((n = ::read(sig_rd, buf, sizeof buf)) > 0) dump = dump || std::memchr(buf, 'd', static_cast<size_t>(n));
+      if (dump) {
+        std::string err, path = dumpFlightRecord("SIGUSR1", &err);
+        if (path.empty()) HARP_WARN("flight record not written: %s", err.c_str());
+        else HARP_WARN("flight record (SIGUSR1) written to %s", path.c_str());
       }
-      std::string err, path = dumpFlightRecord("SIGUSR1", &err);
-      if (path.empty()) HARP_WARN("flight record not written: %s", err.c_str());
-      else HARP_WARN("flight record (SIGUSR1) written to %s", path.c_str());
     }
-    if (listen_fd >= 0 && (p[1].revents & POLLIN)) {
+    if (jv_fd >= 0 && (p[1].revents & POLLIN)) jobview::serve(jv_fd);
+    if (listen_fd >= 0 && (p[2].revents & POLLIN)) {
       int cfd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (cfd >= 0) {
         try {
@@ -354,10 +374,21 @@ void ensureService() {
 }
 
 void registerRecorder(const std::shared_ptr<Recorder>& r) {
-  State& s = state();
-  std::lock_guard<std::mutex> g(s.mu);
-  s.live.push_back(r);
-  if (!s.started) startLocked(s);
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.mu);
+    s.live.push_back(r);
+    if (!s.started) startLocked(s);
+  }
+  jobview::join(*r);  // one store allgather of the job-view addresses (no lock held)
+}
+
+void wakeObserver() {
+  int fd = g_sig_fd.load(std::memory_order_relaxed);
+  if (fd < 0) return;
+  char c = 'j';
+  ssize_t w = ::write(fd, &c, 1);
+  (void)w;
 }
 
 void retireRecorder(const Recorder* r) {
@@ -389,7 +420,7 @@ std::string statusSocketPath() {
 std::string statusJson() {
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
-  std::string o = "{\"pid\":" + std::to_string(getpid()) + ",\"host\":" + jsonStr(host) +
+  std::string o = "{\"pid\":" + std::to_string(getpid()) + ",\"host\":" + jsonString(host) +
                   ",\"global_rank\":" + std::to_string(processGlobalRank()) + ",\"comms\":[";
   auto live = liveRecorders();
   for (size_t i = 0; i < live.size(); ++i) o += (i ? "," : "") + commJson(*live[i]);

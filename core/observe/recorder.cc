@@ -237,6 +237,21 @@ void Recorder::detachStore() {
   store_.reset();
 }
 
+std::shared_ptr<Store> Recorder::store() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return store_;
+}
+
+void Recorder::setJobAddrs(std::vector<std::string> a) {
+  std::lock_guard<std::mutex> g(mu_);
+  job_addrs_ = std::move(a);
+}
+
+std::vector<std::string> Recorder::jobAddrs() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return job_addrs_;
+}
+
 void Recorder::setStallView(std::string v) {
   std::lock_guard<std::mutex> g(mu_);
   stall_view_ = std::move(v);

@@ -135,6 +135,11 @@ struct Identity {
   std::vector<int> pids;           // by rank
   std::string transport;           // "tcp", "shm", "mixed", "self"
   double timeout_s = 0;
+  // The job view (core/observe/jobview.h): the communicator's secret token,
+  // never printed or dumped, only keyed into HMACs; the local address that
+  // reaches the bootstrap ("" or "[v6]" allowed), where the listener binds.
+  std::string secret;
+  std::string bind_host;
 };
 
 class Recorder {
@@ -179,6 +184,12 @@ class Recorder {
   void publish(bool background = false);
   std::vector<std::string> readCounters(double timeout_s);
   void detachStore();  // destroy(): the store may close now
+  std::shared_ptr<Store> store() const;  // null once detached
+
+  // Every rank's job-view address by rank ("" where a rank serves none), set
+  // once at registration (core/observe/jobview.h).
+  void setJobAddrs(std::vector<std::string> a);
+  std::vector<std::string> jobAddrs() const;
 
   // Dumps on every rank at the moment one fails (like torch's dump-on-timeout
   // signal through the store): the failing rank writes its own dump and sets
@@ -219,6 +230,7 @@ class Recorder {
   std::vector<int> global_ranks_;
   std::string stall_view_;
   std::string last_published_;
+  std::vector<std::string> job_addrs_;
   std::atomic<bool> dumped_{false};
 };
 

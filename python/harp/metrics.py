@@ -21,13 +21,18 @@ Metrics (labels: collective, algorithm, transport, comm, rank):
                                            x nccl-tests' bus factor)
   harp_communicator_ops_started            last collective started (gauge), and ..._completed
 
+Job-wide (``registry(job=True)``, ``start_http_server(port, job=True)``): the process holding rank 0 of a
+communicator asks the whole communicator through the job view (harp-status --job) at each scrape:
+  harp_job_ranks{comm, state}              ranks per state: ok, dead, unreachable, lagging
+  harp_job_view_seconds{comm}              how long the view took
+
 Threading: any thread; reading the counters never blocks a collective.
 """
 from __future__ import annotations
 
 from . import debug
 
-__all__ = ["HarpCollector", "registry", "generate", "write_textfile", "start_http_server", "bus_factor"]
+__all__ = ["HarpCollector", "JobCollector", "registry", "generate", "write_textfile", "start_http_server", "bus_factor"]
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -76,23 +81,55 @@ class HarpCollector:
         yield from (calls, nbytes, lat, busbw, started, completed)
 
 
-_registry = None
+class JobCollector:
+    """Job-wide gauges for the communicators whose rank 0 lives in this process (the job view, through this
+    process's own status socket for the endpoint and key; harp.status)."""
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from . import _harp, status
+
+        ranks = GaugeMetricFamily("harp_job_ranks", "Ranks of the communicator by state (the job view)",
+                                  labels=["comm", "state"])
+        took = GaugeMetricFamily("harp_job_view_seconds", "Time the job view took", labels=["comm"])
+        sock = _harp.obs_status_socket()
+        eps, _ = status.job_endpoints([sock]) if sock else ([], [])
+        for e in eps:
+            if e["rank"] != 0:
+                continue
+            try:
+                v = status.job_view(e["addr"], e["comm"], bytes.fromhex(e["key"]), e["size"], timeout=5.0)
+            except (OSError, ValueError):
+                continue
+            a = v["analysis"]
+            ok = sum(1 for r in v["ranks"] if r["state"] == "ok")
+            for state, n in (("ok", ok), ("dead", len(a["dead"])), ("unreachable", len(a["unreachable"])),
+                             ("lagging", len(a["lagging"]))):
+                ranks.add_metric([e["comm"], state], n)
+            took.add_metric([e["comm"]], v["seconds"])
+        yield from (ranks, took)
 
 
-def registry():
-    """A CollectorRegistry holding only HarpCollector (made once)."""
-    global _registry
-    if _registry is None:
+_registries = {}
+
+
+def registry(job: bool = False):
+    """A CollectorRegistry holding HarpCollector, and JobCollector with job=True (each made once)."""
+    if job not in _registries:
         from prometheus_client import CollectorRegistry
-        _registry = CollectorRegistry(auto_describe=False)
-        _registry.register(HarpCollector())
-    return _registry
+        r = CollectorRegistry(auto_describe=False)
+        r.register(HarpCollector())
+        if job:
+            r.register(JobCollector())
+        _registries[job] = r
+    return _registries[job]
 
 
-def generate() -> str:
-    """The Prometheus text exposition of this process's HARP metrics."""
+def generate(job: bool = False) -> str:
+    """The Prometheus text exposition of this process's HARP metrics (job=True: with the job-wide gauges)."""
     from prometheus_client import generate_latest
-    return generate_latest(registry()).decode()
+    return generate_latest(registry(job)).decode()
 
 
 def write_textfile(path: str) -> None:
@@ -101,7 +138,7 @@ def write_textfile(path: str) -> None:
     write_to_textfile(path, registry())
 
 
-def start_http_server(port: int, addr: str = "127.0.0.1"):
+def start_http_server(port: int, addr: str = "127.0.0.1", job: bool = False):
     """Serve /metrics on addr:port (loopback unless told otherwise: the metrics name hosts and sizes)."""
     from prometheus_client import start_http_server as serve
-    return serve(port, addr=addr, registry=registry())
+    return serve(port, addr=addr, registry=registry(job))
