@@ -4,7 +4,7 @@ off, in one run, interleaved (goal <= 1%).
 --mode toggle (default): one communicator; the recorder is paused and resumed between rounds
 (_harp.obs_pause, core/observe/recorder.h Recorder::setPaused), so "on" and "off" run the same
 connections, buffers and algorithm and differ only by the recording hook in
-Communicator::runWith. --mode split: two communicators split from the world, one made with
+Communicator::runStages (core/engine/pipeline.cc). --mode split: two communicators split from the world, one made with
 HARP_FR_ENTRIES=2000 (the default) and one with 0 (what a user turning the recorder off gets; it
 also measures whatever differs between two communicators, e.g. where their buffers landed).
 

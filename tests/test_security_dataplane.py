@@ -1,7 +1,7 @@
 """Data-plane connection security, on tcp and shm.
 
 Every data-plane connection opens with the mutual challenge-response of
-transport/handshake.h. Here an attacker process talks to a rank's listener
+transport/common/handshake.h. Here an attacker process talks to a rank's listener
 while the job is forming:
 
 * a replay of a real hello recorded on the wire (a forwarding proxy sees what a

@@ -6,7 +6,7 @@
 // runOn): it costs a call (validation, the selector's memo, a Context, the
 // closing check), kLegCallS in the cost functions, on top of its own
 // alpha-beta-gamma cost. Avg is computed as a sum by every algorithm (the
-// parent divides once at the end, Communicator::runWith), so the legs sum.
+// parent divides once at the end, in the call pipeline), so the legs sum.
 #pragma once
 
 #include "core/algorithms/algorithm.h"

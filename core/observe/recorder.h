@@ -3,7 +3,7 @@
 //
 // Every communicator owns a Recorder (unless HARP_FR_ENTRIES=0): a ring of the
 // last HARP_FR_ENTRIES operations, preallocated at creation, that
-// Communicator::runWith fills through one OpScope per call:
+// the call pipeline (core/engine/pipeline.h, its run stage) fills through one OpScope per call:
 //
 //   obs::OpScope rec(recorder_.get(), a, algo, user_dtype, d.seq);  // slot written, state "started"
 //   ... run the algorithm ...
@@ -284,7 +284,7 @@ inline void Recorder::end(OpRecord* r, bool ok) {
   if (timed) endTimed(m, t - r->t_start, bytes);
 }
 
-// RAII for one call of runWith: marks the record failed unless ok() was called.
+// RAII for one call (the pipeline's run stage): marks the record failed unless ok() was called.
 class OpScope {
  public:
   template <class Args, class Algo>
