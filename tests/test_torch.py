@@ -242,6 +242,18 @@ def test_torch_subgroup_tests_at_four_ranks_with_harp_in_gloos_place(tmp_path):
             assert out[name][0] == "ok", f"rank {rank} {name}: {out[name][0]}"
 
 
+def test_torch_suite_skips_as_torchs_harness_does(tmp_path):
+    """torch_suite skips what torch's own runner skips: a method marked by skip_but_pass_in_sandcastle_if
+    (NCCL-only; run anyway it fails with IndexError on a CPU machine) and a decorator's skip exit
+    code (skip_if_lt_x_gpu), so a harp result is never a test torch would not have run."""
+    pytest.importorskip("expecttest")
+    names = ["test_batch_isend_irecv_op_err", "test_ddp_zero_output_features"]
+    res = run_ranks(2, tc.torch_suite, _url(tmp_path), str(tmp_path), names, timeout=200)
+    for rank, out in enumerate(res):
+        assert out[names[0]][0] == "skipped: NCCL Batch Send Recv Only", f"rank {rank}: {out[names[0]][0]}"
+        assert out[names[1]][0].startswith("skipped: Need at least"), f"rank {rank}: {out[names[1]][0]}"
+
+
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")

@@ -560,16 +560,25 @@ def torch_suite(rank, size, url, tmp, names):
     class Suite(dt.DistributedTest._DistTestBase, TestCase):  # torch's TestCase: its assert helpers
         pass
 
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+    skip_codes = {s.exit_code: s.message for s in TEST_SKIPS.values()}
     out = {}
     for name in names:
         case = Suite(name)
         case.rank, case.world_size = rank, size
+        method = getattr(case, name)
+        if getattr(method, "__unittest_skip__", False):  # unittest skips these before they start
+            out[name] = (f"skipped: {method.__unittest_skip_why__}", 0.0)
+            dist.barrier()
+            continue
         t0 = time.monotonic()
         try:
-            getattr(case, name)()
+            method()
             out[name] = ("ok", time.monotonic() - t0)
         except unittest.SkipTest as e:
             out[name] = (f"skipped: {e}", 0.0)
+        except SystemExit as e:  # torch's skip decorators exit with a code naming the reason
+            out[name] = (f"skipped: {skip_codes[e.code]}" if e.code in skip_codes else f"SystemExit({e.code})", 0.0)
         except BaseException as e:  # noqa: BLE001 - reported to the test
             out[name] = (f"{type(e).__name__}: {e}", time.monotonic() - t0)
         dist.barrier()
