@@ -6,7 +6,9 @@ host, 1 Gbit/s veths through one switch), read from the benchmark JSON files.
 
 Sources (each the median over its repetitions of the slowest rank's time):
   bench/vpc/results/tuner-rtt.json                4 hosts, RTT 0 and 1 ms, forced ring/rd/hd
-  bench/vpc/results/tuner-tree-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, forced ring/rd/hd/tree
+  bench/vpc/results/tuner-tree-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, forced ring/rd/hd (its tree
+        is the tree before the depth-staggered steps, not today's code: left out)
+  bench/vpc/results/tuner-tree2-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, today's tree
   bench/vpc/results/allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's
         own choice (auto), which the tuning table makes rd < 16K, hd 16K-2M, ring >= 2M
   bench/sim/results/arena-*.json                  fresh tuner_bench.py runs (2 and 8 hosts)
@@ -42,13 +44,13 @@ def _median(runs: list, size: str) -> float:
     return statistics.median(r[size] for r in runs if size in r)
 
 
-def _tuner(path: Path) -> list:
+def _tuner(path: Path, algos: tuple = FORCED) -> list:
     d = json.loads(path.read_text())
     out = []
     for delay, v in d["by_delay"].items():
         hosts = v["cluster"]["hosts"]
         rtt = 2 * v["cluster"]["delay_ns"] / 1000
-        for algo in FORCED:
+        for algo in algos:
             runs = v["runs"].get(algo)
             if not runs:
                 continue
@@ -68,7 +70,8 @@ def _quiet(path: Path) -> list:
 
 def points() -> list:
     res = ROOT / "bench/vpc/results"
-    pts = _tuner(res / "tuner-rtt.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json")
+    pts = _tuner(res / "tuner-rtt.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
+    pts += _tuner(res / "tuner-tree2-6hosts-rtt1ms.json", ("tree",))
     pts += _quiet(res / "allreduce-4-8hosts-quiet-4c2902b.json")
     for f in sorted((ROOT / "bench/sim/results").glob("arena-*.json")):
         pts += _tuner(f)

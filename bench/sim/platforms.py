@@ -35,6 +35,15 @@ class Spec:
     reduce_Bps: float = 3e9         # local reduction rate (bytes of input per second)
     send_overhead_s: float = 5e-6   # CPU time a rank spends posting one message
     tcp_window_B: float = 4 * 1024 * 1024  # SimGrid's TCP-gamma: one flow <= window / (2 latency)
+    # Token-bucket shaping (the arena's tbf on both ends of every veth): 0 = none. With a
+    # bucket, the NIC links run at burst_Bps and replay.py charges each inter-host message
+    # to the sender's and the receiver's buckets (link_Bps refill, burst_B deep).
+    burst_B: float = 0.0
+    burst_Bps: float = 0.0
+
+    @property
+    def nic_Bps(self) -> float:
+        return self.burst_Bps if self.burst_B > 0 else self.link_Bps
 
     @property
     def ranks(self) -> int:
@@ -76,7 +85,7 @@ def build(engine, spec: Spec) -> list:
             ranks.append(host)
         zone.set_gateway(gw) if hasattr(zone, "set_gateway") else None
         zone.seal()
-        nic = root.create_split_duplex_link(f"nic{h}", spec.link_Bps).set_latency(spec.rtt_s / 4).seal()
+        nic = root.create_split_duplex_link(f"nic{h}", spec.nic_Bps).set_latency(spec.rtt_s / 4).seal()
         extra = [LinkInRoute(cap)] if cap is not None else []
         root.add_route(zone.netpoint, None, gw, None, [LinkInRoute(nic, up)] + extra, False)
         root.add_route(None, zone.netpoint, None, gw, [LinkInRoute(nic, down)], False)

@@ -68,6 +68,23 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
     hosts = platforms.build(e, spec)
     finish = [0.0] * p
     o_send = spec.send_overhead_s
+    buckets = [[spec.burst_B, 0.0] for _ in range(2 * spec.hosts)]  # [tokens, last refill]: up h, down h
+
+    def shaped(src: int, dst: int, nbytes: int) -> float:
+        """Charges an inter-host message to both buckets; the seconds it must be held
+        (0: both buckets cover it; else until they have refilled the debt at link rate)."""
+        now = Engine.clock
+        hold = 0.0
+        for b in (buckets[src // spec.local], buckets[spec.hosts + dst // spec.local]):
+            b[0] = min(spec.burst_B, b[0] + (now - b[1]) * spec.link_Bps)
+            b[1] = now
+            b[0] -= nbytes  # may go negative: the debt refills at link rate
+            hold = max(hold, -b[0] / spec.link_Bps)
+        return hold
+
+    def held_put(mb, nbytes: int, hold: float):
+        this_actor.sleep_for(hold)
+        mb.put(None, nbytes)
 
     def rank(r: int):
         ops = sched.ranks[r]
@@ -82,18 +99,30 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
             if k == "S":
                 if o_send > 0:
                     this_actor.sleep_for(o_send)
-                reqs[op[1]] = Mailbox.by_name(f"{r}>{op[2]}:{op[4]}").put_async(None, max(op[3], 1))
+                mb = Mailbox.by_name(f"{r}>{op[2]}:{op[4]}")
+                hold = shaped(r, op[2], op[3]) if spec.burst_B > 0 and r // spec.local != op[2] // spec.local else 0
+                if hold > 0:  # a helper actor holds it (the rank goes on), then sends
+                    reqs[op[1]] = Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
+                else:
+                    reqs[op[1]] = mb.put_async(None, max(op[3], 1))
             elif k == "V":
                 reqs[op[1]] = Mailbox.by_name(f"{op[2]}>{r}:{op[4]}").get_async()  # (Comm, payload future): both kept alive
             elif k == "W":
                 for i in op[1]:
-                    c = reqs.pop(i)
-                    (c[0] if isinstance(c, tuple) else c).wait()
+                    _done(reqs.pop(i))
             else:
                 this_actor.execute(op[2] * X_RATE.get(op[1], 1.0) / spec.reduce_Bps)
         for c in reqs.values():
-            (c[0] if isinstance(c, tuple) else c).wait()
+            _done(c)
         finish[r] = Engine.clock
+
+    def _done(c):
+        if isinstance(c, tuple):
+            c[0].wait()
+        elif isinstance(c, Actor):
+            c.join()
+        else:
+            c.wait()
 
     for r in range(p):
         Actor.create(f"rank{r}", hosts[r], rank, r)
