@@ -13,7 +13,7 @@ The arena platform's constants, and where each comes from:
                     (scripts/calibrate.py); netem adds 2 x the one-way --delay
   send overhead     per message CPU (syscalls, framing), and the delivered share of the
                     added delay: fitted together (SEND_OVERHEADS x DELAY_SCALES), the pair that
-                    minimises the worst error of the sizes <= 4 KB
+                    minimises the mean |log(sim / measured)| of the sizes <= 4 KB
   tbf burst 256 KB  harp-cluster shapes both ends of every veth with tbf, burst
                     max(256 KB, 2 ms at the rate) (python/harp/cluster/net.py): a message the
                     bucket covers leaves at veth speed (10 Gbit/s assumed), a longer one waits
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,8 +40,9 @@ import schedule  # noqa: E402
 BASE_RTT_S = 42e-6
 ARENA = platforms.Spec(hosts=2, link_Bps=119.6e6, rtt_s=BASE_RTT_S, reduce_Bps=3e9, send_overhead_s=5e-6,
                        burst_B=256 * 1024, burst_Bps=10e9 / 8)
-SEND_OVERHEADS = (10e-6, 20e-6, 30e-6)
-DELAY_SCALES = (0.9, 0.95, 1.0)  # delivered / asked added delay (the delay line's own accuracy)
+SEND_OVERHEADS = (5e-6, 10e-6, 20e-6, 30e-6)
+DELAY_SCALES = (0.8, 0.9, 1.0)
+ITERATIONS = 3  # back to back, as the benchmark loops: the tbf bucket's steady state  # delivered / asked added delay (the delay line's own accuracy)
 
 
 def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> float:
@@ -48,7 +50,7 @@ def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_sca
     if key not in cache:
         cache[key] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec = base.but(hosts=pt.hosts, local=1, rtt_s=BASE_RTT_S + delay_scale * pt.rtt_us * 1e-6)
-    return replay.simulate(cache[key], spec) * 1e6
+    return replay.simulate(cache[key], spec, iterations=ITERATIONS) * 1e6
 
 
 def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> list:
@@ -58,13 +60,14 @@ def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.
 
 
 def fit(points: list, cache: dict) -> tuple:
-    """(spec, delay scale) minimising the worst error of the small sizes."""
+    """(spec, delay scale) minimising the mean |log(sim / measured)| of the small sizes
+    (robust to the few points a loaded machine inflated)."""
     small = [p for p in points if p.nbytes <= 4096]
     best = None
     for o in SEND_OVERHEADS:
         for k in DELAY_SCALES:
             spec = ARENA.but(send_overhead_s=o)
-            worst = max(abs(s / p.us - 1) for p, s in run(small, spec, cache, k))
+            worst = sum(abs(math.log(s / p.us)) for p, s in run(small, spec, cache, k)) / len(small)
             if best is None or worst < best[0]:
                 best = (worst, spec, k)
     return best[1], best[2]

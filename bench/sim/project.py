@@ -36,7 +36,7 @@ import schedule  # noqa: E402
 ROOT = schedule.ROOT
 LOCAL = 8
 RANKS = (64, 256, 1024)
-SIZES = (8, 65536, 1 << 20, 16 << 20, 256 << 20)
+SIZES = DEFAULT_SIZES = (8, 65536, 1 << 20, 16 << 20, 256 << 20)
 ALGOS = ("ring", "recursive_doubling", "halving_doubling", "tree", "leader", "ring_fp16")
 FLAT = ("ring", "recursive_doubling", "halving_doubling", "tree")
 VPCS = {
@@ -139,6 +139,7 @@ def plot(cells: list, path: Path) -> None:
 
 
 def main() -> None:
+    global RANKS, SIZES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "docs/scale-projection.md"))
     ap.add_argument("--json", default=str(ROOT / "bench/sim/results/projection.json"))
@@ -147,7 +148,13 @@ def main() -> None:
     ap.add_argument("--max-msgs", type=int, default=150_000)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--python", default=sys.executable, help="a Python that imports harp (for the tuner)")
+    ap.add_argument("--ranks", default=",".join(map(str, RANKS)), help="rank counts (multiples of 8)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes per rank")
     a = ap.parse_args()
+    RANKS = tuple(int(x) for x in a.ranks.split(","))
+    SIZES = tuple(int(x) for x in a.sizes.split(","))
+    if any(p % LOCAL or p < 2 * LOCAL for p in RANKS):
+        ap.error(f"--ranks: every count must be a multiple of {LOCAL} with at least 2 hosts")
     o_send = json.loads(Path(a.calibration).read_text())["spec"]["send_overhead_s"]
     jobs = [(name, p, algo, n) for name in VPCS for p in RANKS for n in SIZES for algo in ALGOS]
     with ThreadPoolExecutor(a.jobs) as ex:
@@ -155,6 +162,8 @@ def main() -> None:
     picks = {(name, p, n): tuner_pick(name, p, n, vpc_spec(name, p, o_send), a.python)
              for name in VPCS for p in RANKS for n in SIZES}
     command = "python3 bench/sim/project.py --out " + os.path.relpath(a.out, ROOT)
+    if a.ranks != ",".join(map(str, (64, 256, 1024))) or a.sizes != ",".join(map(str, DEFAULT_SIZES)):
+        command += f" --ranks {a.ranks} --sizes {a.sizes}"
     Path(a.out).write_text(markdown(cells, picks, o_send, command) + "\n")
     plot(cells, Path(a.out).with_suffix(".png"))
     Path(a.json).write_text(json.dumps({"cells": cells, "picks": [

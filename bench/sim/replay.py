@@ -32,14 +32,17 @@ FACTORY = "thread"  # SimGrid context factory for the actors
 X_RATE = {"reduce": 1.0, "narrow": 1.0, "widen": 1.0, "addwide": 1.0, "copy": 1.0}
 
 
-def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600) -> float:
-    """Seconds until the last rank finishes `sched` on `spec`.
+def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1) -> float:
+    """Seconds until the last rank finishes `sched` on `spec`; with iterations > 1 the
+    collective runs that many times back to back (as a benchmark loop: no barrier) and
+    the result is the mean time of the iterations after the first (the steady state
+    of a token bucket that the loop keeps drained).
 
     SimGrid allows one engine per process (and its Python bindings do not
     survive a fork): each call replays in a child `python3 replay.py --worker`
     that reads the schedule text and the Spec from its stdin.
     """
-    job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text})
+    job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations})
     try:
         out = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
                              timeout=timeout_s)
@@ -55,10 +58,10 @@ def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 
 def _worker() -> None:
     job = json.loads(sys.stdin.read())
     sched = schedule.parse(job["schedule"])
-    print(f"sim-seconds {_simulate(sched, platforms.Spec(**job['spec'])):.9f}", flush=True)
+    print(f"sim-seconds {_simulate(sched, platforms.Spec(**job['spec']), job['iterations']):.9f}", flush=True)
 
 
-def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
+def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 1) -> float:
     from simgrid import Actor, Engine, Mailbox, this_actor  # noqa: PLC0415
 
     p = len(sched.ranks)
@@ -66,7 +69,7 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
         raise ValueError(f"replay: the schedule has {p} ranks, the platform {spec.hosts} x {spec.local}")
     e = Engine(["harp-sim", "--log=root.thres:critical", "--cfg=contexts/factory:" + FACTORY])
     hosts = platforms.build(e, spec)
-    finish = [0.0] * p
+    finish = [[0.0] * iterations for _ in range(p)]
     o_send = spec.send_overhead_s
     buckets = [[spec.burst_B, 0.0] for _ in range(2 * spec.hosts)]  # [tokens, last refill]: up h, down h
 
@@ -94,6 +97,11 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
                 for comm in (0, 1, 2):
                     Mailbox.by_name(f"{q}>{r}:{comm}").set_receiver(me)
         reqs = {}
+        for it in range(iterations):
+            run_ops(r, ops, reqs)
+            finish[r][it] = Engine.clock
+
+    def run_ops(r, ops, reqs):
         for op in ops:
             k = op[0]
             if k == "S":
@@ -114,7 +122,7 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
                 this_actor.execute(op[2] * X_RATE.get(op[1], 1.0) / spec.reduce_Bps)
         for c in reqs.values():
             _done(c)
-        finish[r] = Engine.clock
+        reqs.clear()
 
     def _done(c):
         if isinstance(c, tuple):
@@ -127,7 +135,8 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec) -> float:
     for r in range(p):
         Actor.create(f"rank{r}", hosts[r], rank, r)
     e.run()
-    return max(finish)
+    ends = [max(f[it] for f in finish) for it in range(iterations)]
+    return ends[0] if iterations == 1 else (ends[-1] - ends[0]) / (iterations - 1)
 
 
 def main() -> None:
