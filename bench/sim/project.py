@@ -164,6 +164,8 @@ def main() -> None:
     command = "python3 bench/sim/project.py --out " + os.path.relpath(a.out, ROOT)
     if a.ranks != ",".join(map(str, (64, 256, 1024))) or a.sizes != ",".join(map(str, DEFAULT_SIZES)):
         command += f" --ranks {a.ranks} --sizes {a.sizes}"
+    if a.max_msgs != 150_000:
+        command += f" --max-msgs {a.max_msgs}"
     Path(a.out).write_text(markdown(cells, picks, o_send, command) + "\n")
     plot(cells, Path(a.out).with_suffix(".png"))
     Path(a.json).write_text(json.dumps({"cells": cells, "picks": [
