@@ -83,7 +83,6 @@ def build(engine, spec: Spec) -> list:
             zone.add_route(host.netpoint, None, None, None, [LinkInRoute(mem, up)], False)
             zone.add_route(None, host.netpoint, None, None, [LinkInRoute(mem, down)], False)
             ranks.append(host)
-        zone.set_gateway(gw) if hasattr(zone, "set_gateway") else None
         zone.seal()
         nic = root.create_split_duplex_link(f"nic{h}", spec.nic_Bps).set_latency(spec.rtt_s / 4).seal()
         extra = [LinkInRoute(cap)] if cap is not None else []
