@@ -6,6 +6,8 @@
 #   bash scripts/install-deps.sh --test     + every other list in scripts/deps/ (the
 #                                             tests: qemu, kernel image, rdma-core, DPDK,
 #                                             NCCL wheels' needs, torch, hypothesis...)
+#   bash scripts/install-deps.sh --sim      + scripts/deps/sim.apt (the SimGrid projection,
+#                                             bench/sim/; never part of --test)
 #
 # Debian packages (*.apt) go to the system with apt-get (sudo when not root; only
 # the missing ones). Python packages (*.pip) go into .venv/ at the top of the
@@ -19,12 +21,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${HARP_VENV:-.venv}
 mode=main
+sim=0
 for arg in "$@"; do
   case "$arg" in
     --compare) [ "$mode" = test ] || mode=compare ;;
     --test) mode=test ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "install-deps: unknown argument '$arg' (--compare, --test)" >&2; exit 2 ;;
+    --sim) sim=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg' (--compare, --test, --sim)" >&2; exit 2 ;;
   esac
 done
 
@@ -33,8 +37,9 @@ lists() {  # lists EXT: the scripts/deps files of this mode
   ls scripts/deps/main."$ext" 2>/dev/null || true
   [ "$mode" = main ] || ls scripts/deps/compare."$ext" 2>/dev/null || true
   if [ "$mode" = test ]; then
-    ls scripts/deps/*."$ext" 2>/dev/null | grep -v -e '/main\.' -e '/compare\.' || true
+    ls scripts/deps/*."$ext" 2>/dev/null | grep -v -e '/main\.' -e '/compare\.' -e '/sim\.' || true
   fi
+  [ "$sim" = 0 ] || ls scripts/deps/sim."$ext" 2>/dev/null || true
 }
 packages() { cat $(lists "$1") /dev/null | sed 's/#.*//' | xargs; }
 

@@ -1,0 +1,78 @@
+"""bench/sim/arena.py — the measured arena points the simulator is calibrated
+against: HARP's allreduce on the emulated hosts of harp-cluster (one rank per
+host, 1 Gbit/s veths through one switch), read from the benchmark JSON files.
+
+    points()  ->  [Point(file, hosts, rtt_us, algo, nbytes, us), ...]
+
+Sources (each the median over its repetitions of the slowest rank's time):
+  bench/vpc/results/tuner-rtt.json                4 hosts, RTT 0 and 1 ms, forced ring/rd/hd
+  bench/vpc/results/tuner-tree-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, forced ring/rd/hd (its tree
+        is the tree before the depth-staggered steps, not today's code: left out)
+  bench/vpc/results/tuner-tree2-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, today's tree
+  bench/vpc/results/allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's
+        own choice (auto), which the tuning table makes rd < 16K, hd 16K-2M, ring >= 2M
+  bench/sim/results/arena-*.json                  fresh tuner_bench.py runs (2 and 8 hosts)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FORCED = ("ring", "recursive_doubling", "halving_doubling", "tree")
+
+
+@dataclass(frozen=True)
+class Point:
+    file: str
+    hosts: int
+    rtt_us: float      # added round trip (0 or the netem delay x 2)
+    algo: str
+    nbytes: int
+    us: float
+
+
+def auto_algo(nbytes: int) -> str:
+    """The tuning table's flat choice on the arena at RTT <= 100 us (core/select/tuning.tsv)."""
+    return "recursive_doubling" if nbytes < 16384 else "halving_doubling" if nbytes < 2 << 20 else "ring"
+
+
+def _median(runs: list, size: str) -> float:
+    return statistics.median(r[size] for r in runs if size in r)
+
+
+def _tuner(path: Path, algos: tuple = FORCED) -> list:
+    d = json.loads(path.read_text())
+    out = []
+    for delay, v in d["by_delay"].items():
+        hosts = v["cluster"]["hosts"]
+        rtt = 2 * v["cluster"]["delay_ns"] / 1000
+        for algo in algos:
+            runs = v["runs"].get(algo)
+            if not runs:
+                continue
+            for size in runs[0]:
+                out.append(Point(path.name, hosts, rtt, algo, int(size), _median(runs, size)))
+    return out
+
+
+def _quiet(path: Path) -> list:
+    d = json.loads(path.read_text())
+    out = []
+    for hosts, v in d["by_hosts"].items():
+        for size, s in v["summary"]["harp"].items():
+            out.append(Point(path.name, int(hosts), 0.0, auto_algo(int(size)), int(size), s["us_median"]))
+    return out
+
+
+def points() -> list:
+    res = ROOT / "bench/vpc/results"
+    pts = _tuner(res / "tuner-rtt.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
+    pts += _tuner(res / "tuner-tree2-6hosts-rtt1ms.json", ("tree",))
+    pts += _quiet(res / "allreduce-4-8hosts-quiet-4c2902b.json")
+    for f in sorted((ROOT / "bench/sim/results").glob("arena-*.json")):
+        pts += _tuner(f)
+    return [p for p in pts if p.rtt_us in (0.0, 1000.0)]

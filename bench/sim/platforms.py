@@ -1,0 +1,92 @@
+"""bench/sim/platforms.py — SimGrid platforms for HARP's replayer (replay.py).
+
+A platform is hosts x ranks per host. Every rank is a SimGrid host (one core
+whose speed is 1 "flop" per byte: local work is executed as bytes / rate, see
+replay.py). Ranks of one host reach each other over their own split-duplex
+memory links (shm bandwidth, shm latency); ranks of different hosts go up the
+sender host's NIC (split-duplex: each direction its own capacity), through a
+per-flow cap (a FATPIPE link: every flow gets at most the cap, flows do not
+share it) and down the receiver host's NIC. The NIC links carry half of the
+one-way latency each, so a message between hosts sees latency = rtt / 2.
+
+Usage:
+    spec = Spec(hosts=8, local=1, link_Bps=119.6e6, rtt_s=1e-3, ...)
+    build(engine, spec)        # before creating actors; host names "r<rank>"
+
+ARENA and VPC are the two families bench/sim/project.py uses (the arena's
+defaults come from bench/vpc: 1 Gbit/s veths through one switch, measured
+119.6 MB/s per stream); calibrate.py fits the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Spec:
+    hosts: int
+    local: int = 1
+    link_Bps: float = 119.6e6       # NIC rate, bytes/s, each direction
+    rtt_s: float = 42e-6            # round trip between hosts (wire + kernel)
+    flow_cap_Bps: float = 0.0       # per-flow cap (0: none)
+    shm_Bps: float = 8e9            # a rank's memory link inside a host, each direction
+    shm_lat_s: float = 1e-6
+    reduce_Bps: float = 3e9         # local reduction rate (bytes of input per second)
+    send_overhead_s: float = 5e-6   # CPU time a rank spends posting one message
+    tcp_window_B: float = 4 * 1024 * 1024  # SimGrid's TCP-gamma: one flow <= window / (2 latency)
+    # Token-bucket shaping (the arena's tbf on both ends of every veth): 0 = none. With a
+    # bucket, the NIC links run at burst_Bps and replay.py charges each inter-host message
+    # to the sender's and the receiver's buckets (link_Bps refill, burst_B deep).
+    burst_B: float = 0.0
+    burst_Bps: float = 0.0
+
+    @property
+    def nic_Bps(self) -> float:
+        return self.burst_Bps if self.burst_B > 0 else self.link_Bps
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.local
+
+    def but(self, **kw) -> Spec:
+        return replace(self, **kw)
+
+
+def build(engine, spec: Spec) -> list:
+    """Creates the platform in `engine`; returns the rank hosts, by rank.
+
+    Star zones (O(p) routes, not O(p^2)): the root zone is a star of hosts,
+    each host's zone a star of its ranks behind a router.
+    """
+    from simgrid import Link, LinkInRoute, NetZone  # noqa: PLC0415  (system python3-simgrid)
+
+    if spec.hosts < 1 or spec.local < 1:
+        raise ValueError(f"platform: hosts and ranks per host must be >= 1, got {spec.hosts} x {spec.local}")
+    type(engine).set_config("network/model:CM02")  # no hidden latency or bandwidth factors
+    type(engine).set_config(f"network/TCP-gamma:{spec.tcp_window_B:.0f}")
+    up, down = LinkInRoute.Direction.UP, LinkInRoute.Direction.DOWN
+    root = NetZone.create_star_zone("arena")
+    cap = None
+    if spec.flow_cap_Bps > 0:
+        cap = root.create_link("flowcap", spec.flow_cap_Bps).set_sharing_policy(Link.SharingPolicy.FATPIPE, None)
+        cap.seal()
+    ranks = []
+    for h in range(spec.hosts):
+        zone = NetZone.create_star_zone(f"host{h}")
+        zone.set_parent(root)
+        gw = zone.create_router(f"gw{h}")
+        for i in range(spec.local):
+            r = h * spec.local + i
+            host = zone.create_host(f"r{r}", 1.0).seal()
+            mem = zone.create_split_duplex_link(f"mem{r}", spec.shm_Bps).set_latency(spec.shm_lat_s / 2).seal()
+            zone.add_route(host.netpoint, None, None, None, [LinkInRoute(mem, up)], False)
+            zone.add_route(None, host.netpoint, None, None, [LinkInRoute(mem, down)], False)
+            ranks.append(host)
+        zone.seal()
+        nic = root.create_split_duplex_link(f"nic{h}", spec.nic_Bps).set_latency(spec.rtt_s / 4).seal()
+        extra = [LinkInRoute(cap)] if cap is not None else []
+        root.add_route(zone.netpoint, None, gw, None, [LinkInRoute(nic, up)] + extra, False)
+        root.add_route(None, zone.netpoint, None, gw, [LinkInRoute(nic, down)], False)
+    root.seal()
+    return ranks

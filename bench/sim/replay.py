@@ -1,0 +1,163 @@
+"""bench/sim/replay.py — replays a HARP schedule (schedule.py) in SimGrid.
+
+One s4u actor per rank executes its operations in order: S posts an
+asynchronous put of <bytes> on the mailbox "<src>><dst>:<comm>" (one mailbox
+per directed pair and connection set: HARP's per-pair FIFO matching), after
+spending Spec.send_overhead_s of CPU (syscalls, framing); V posts an
+asynchronous get on the mirror mailbox; W waits for the listed requests; X
+executes <bytes> / rate on the rank's core (reduce: Spec.reduce_Bps; the
+fp16/bf16 conversions at the same rate: they stream the same float32 bytes).
+Every mailbox has its receiver set at start, so a send starts moving bytes
+as soon as it is posted (TCP's eager socket buffers), not when the receive is
+posted. The result is the time the slowest rank finishes (what the arena
+benchmarks report: the slowest rank's time).
+
+    python3 bench/sim/replay.py --algo ring --p 8 --bytes 1048576 --hosts 8 --rtt-us 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import platforms  # noqa: E402
+import schedule  # noqa: E402
+
+FACTORY = "thread"  # SimGrid context factory for the actors
+X_RATE = {"reduce": 1.0, "narrow": 1.0, "widen": 1.0, "addwide": 1.0, "copy": 1.0}
+
+
+def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1) -> float:
+    """Seconds until the last rank finishes `sched` on `spec`; with iterations > 1 the
+    collective runs that many times back to back (as a benchmark loop: no barrier) and
+    the result is the mean time of the iterations after the first (the steady state
+    of a token bucket that the loop keeps drained).
+
+    SimGrid allows one engine per process (and its Python bindings do not
+    survive a fork): each call replays in a child `python3 replay.py --worker`
+    that reads the schedule text and the Spec from its stdin.
+    """
+    job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations})
+    try:
+        out = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise TimeoutError(f"replay: {sched.header} did not finish in {timeout_s:.0f} s") from e
+    lines = [x for x in out.stdout.splitlines() if x.startswith("sim-seconds ")]
+    if out.returncode != 0 or not lines:
+        tail = "\n".join(x for x in out.stderr.splitlines() if not x.startswith("  ->"))[-2000:]
+        raise RuntimeError(f"replay of {sched.header} failed (exit {out.returncode}): {tail}")
+    return float(lines[-1].split()[1])
+
+
+def _worker() -> None:
+    job = json.loads(sys.stdin.read())
+    sched = schedule.parse(job["schedule"])
+    print(f"sim-seconds {_simulate(sched, platforms.Spec(**job['spec']), job['iterations']):.9f}", flush=True)
+
+
+def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 1) -> float:
+    from simgrid import Actor, Engine, Mailbox, this_actor  # noqa: PLC0415
+
+    p = len(sched.ranks)
+    if spec.ranks != p:
+        raise ValueError(f"replay: the schedule has {p} ranks, the platform {spec.hosts} x {spec.local}")
+    e = Engine(["harp-sim", "--log=root.thres:critical", "--cfg=contexts/factory:" + FACTORY])
+    hosts = platforms.build(e, spec)
+    finish = [[0.0] * iterations for _ in range(p)]
+    o_send = spec.send_overhead_s
+    buckets = [[spec.burst_B, 0.0] for _ in range(2 * spec.hosts)]  # [tokens, last refill]: up h, down h
+
+    def shaped(src: int, dst: int, nbytes: int) -> float:
+        """Charges an inter-host message to both buckets; the seconds it must be held
+        (0: both buckets cover it; else until they have refilled the debt at link rate)."""
+        now = Engine.clock
+        hold = 0.0
+        for b in (buckets[src // spec.local], buckets[spec.hosts + dst // spec.local]):
+            b[0] = min(spec.burst_B, b[0] + (now - b[1]) * spec.link_Bps)
+            b[1] = now
+            b[0] -= nbytes  # may go negative: the debt refills at link rate
+            hold = max(hold, -b[0] / spec.link_Bps)
+        return hold
+
+    def held_put(mb, nbytes: int, hold: float):
+        this_actor.sleep_for(hold)
+        mb.put(None, nbytes)
+
+    def rank(r: int):
+        ops = sched.ranks[r]
+        me = Actor.self()
+        for q in range(p):
+            if q != r:
+                for comm in (0, 1, 2):
+                    Mailbox.by_name(f"{q}>{r}:{comm}").set_receiver(me)
+        reqs = {}
+        for it in range(iterations):
+            run_ops(r, ops, reqs)
+            finish[r][it] = Engine.clock
+
+    def run_ops(r, ops, reqs):
+        for op in ops:
+            k = op[0]
+            if k == "S":
+                if o_send > 0:
+                    this_actor.sleep_for(o_send)
+                mb = Mailbox.by_name(f"{r}>{op[2]}:{op[4]}")
+                hold = shaped(r, op[2], op[3]) if spec.burst_B > 0 and r // spec.local != op[2] // spec.local else 0
+                if hold > 0:  # a helper actor holds it (the rank goes on), then sends
+                    reqs[op[1]] = Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
+                else:
+                    reqs[op[1]] = mb.put_async(None, max(op[3], 1))
+            elif k == "V":
+                reqs[op[1]] = Mailbox.by_name(f"{op[2]}>{r}:{op[4]}").get_async()  # (Comm, payload future): both kept alive
+            elif k == "W":
+                for i in op[1]:
+                    _done(reqs.pop(i))
+            else:
+                this_actor.execute(op[2] * X_RATE.get(op[1], 1.0) / spec.reduce_Bps)
+        for c in reqs.values():
+            _done(c)
+        reqs.clear()
+
+    def _done(c):
+        if isinstance(c, tuple):
+            c[0].wait()
+        elif isinstance(c, Actor):
+            c.join()
+        else:
+            c.wait()
+
+    for r in range(p):
+        Actor.create(f"rank{r}", hosts[r], rank, r)
+    e.run()
+    ends = [max(f[it] for f in finish) for it in range(iterations)]
+    return ends[0] if iterations == 1 else (ends[-1] - ends[0]) / (iterations - 1)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        return _worker()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", default="ring")
+    ap.add_argument("--compress", default=None)
+    ap.add_argument("--p", type=int, required=True)
+    ap.add_argument("--hosts", type=int, default=0, help="default: p (one rank per host)")
+    ap.add_argument("--bytes", type=int, required=True)
+    ap.add_argument("--rtt-us", type=float, default=42.0)
+    ap.add_argument("--link-gbit", type=float, default=0.9568)
+    ap.add_argument("--flow-cap-gbit", type=float, default=0.0)
+    a = ap.parse_args()
+    hosts = a.hosts or a.p
+    spec = platforms.Spec(hosts=hosts, local=a.p // hosts, link_Bps=a.link_gbit * 1e9 / 8, rtt_s=a.rtt_us * 1e-6,
+                          flow_cap_Bps=a.flow_cap_gbit * 1e9 / 8)
+    s = schedule.emit(a.algo, a.p, a.bytes, hosts, a.compress)
+    print(f"{s.header['algo']} p={a.p} hosts={hosts} bytes={a.bytes}: {simulate(s, spec) * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
