@@ -11,7 +11,7 @@ Sources (each the median over its repetitions of the slowest rank's time):
   bench/vpc/results/tuner-tree2-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, today's tree
   bench/vpc/results/allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's
         own choice (auto), which the tuning table makes rd < 16K, hd 16K-2M, ring >= 2M
-  bench/sim/results/arena-*.json                  fresh tuner_bench.py runs (2 and 8 hosts)
+  results/sim/arena-*.json                  fresh tuner_bench.py runs (2 and 8 hosts)
 """
 
 from __future__ import annotations
@@ -73,6 +73,6 @@ def points() -> list:
     pts = _tuner(res / "tuner-rtt.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
     pts += _tuner(res / "tuner-tree2-6hosts-rtt1ms.json", ("tree",))
     pts += _quiet(res / "allreduce-4-8hosts-quiet-4c2902b.json")
-    for f in sorted((ROOT / "bench/sim/results").glob("arena-*.json")):
+    for f in sorted((ROOT / "results/sim").glob("arena-*.json")):
         pts += _tuner(f)
     return [p for p in pts if p.rtt_us in (0.0, 1000.0)]

@@ -5,7 +5,7 @@ Replays HARP's own schedule (harp_sched) for every measured arena point
 (platforms.ARENA below) and prints a markdown table: measured, simulated,
 sim / measured, and the share of points within 15%.
 
-    python3 bench/sim/calibrate.py [--out bench/sim/results/calibration.json] [--md FILE]
+    python3 bench/sim/calibrate.py [--out results/sim/calibration.json] [--md FILE]
 
 The arena platform's constants, and where each comes from:
   link 119.6 MB/s   one TCP stream through a 1 Gbit/s veth (link_MBps in every arena JSON)

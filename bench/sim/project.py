@@ -13,7 +13,7 @@ its cell says so. The tuner check asks HARP's selector (harp-config
 --explain, with a calibration file made from the platform's constants) what
 it picks at each size and compares that algorithm's simulated time with the
 best simulated one. Writes the markdown, a plot beside it (.png) and the
-JSON of every cell (bench/sim/results/projection.json).
+JSON of every cell (results/sim/projection.json).
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def main() -> None:
     global RANKS, SIZES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "docs/scale-projection.md"))
-    ap.add_argument("--json", default=str(ROOT / "bench/sim/results/projection.json"))
-    ap.add_argument("--calibration", default=str(ROOT / "bench/sim/results/calibration.json"),
+    ap.add_argument("--json", default=str(ROOT / "results/sim/projection.json"))
+    ap.add_argument("--calibration", default=str(ROOT / "results/sim/calibration.json"),
                     help="calibrate.py's JSON: the fitted per-message CPU time")
     ap.add_argument("--max-msgs", type=int, default=150_000)
     ap.add_argument("--jobs", type=int, default=2)
