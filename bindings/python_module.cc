@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "core/engine/communicator.h"
 #include "core/compress/compress.h"
+#include "core/observe/jobview.h"
 #include "core/observe/recorder.h"
 #include "core/select/cost.h"
 #include "core/select/select.h"
@@ -598,6 +599,8 @@ PYBIND11_MODULE(_harp, m) {
         "every live communicator of this process (counters, op in flight, metrics) as JSON");
   m.def("obs_status_socket", [] { return obs::statusSocketPath(); }, "this process's status socket ('' when off)");
   m.def("obs_service", [] { obs::ensureService(); }, "start the process-wide observability service now");
+  m.def("jobview_listen_fd", [] { return obs::jobview::listenFd(); },
+        "the process's job-view listener fd (-1: none yet or off), for tests that count fds");
   m.def("fr_pickle", [](const std::string& reason) { return py::bytes(obs::flightRecordPickle(reason)); },
         py::arg("reason") = "harp.debug");
   m.def("fr_dump", [](const std::string& reason) {

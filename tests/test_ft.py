@@ -45,8 +45,12 @@ def _allreduce_checked(comm, old_rank, survivors):
 
 
 def _resources():
-    """(open fds, OS threads) of this process."""
-    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+    """(open fds, OS threads) of this process, not counting the job view's listener: like the
+    status socket it is the process's, opened with its first communicator and kept for the
+    process's life (core/observe/jobview.h)."""
+    fds = set(os.listdir("/proc/self/fd"))
+    fds.discard(str(harp._harp.jobview_listen_fd()))
+    return len(fds), len(os.listdir("/proc/self/task"))
 
 
 # ---------------------------------------------------------------------------- revoke

@@ -131,7 +131,7 @@ comm = harp.init()
 x = np.full(1000, comm.rank + 1, dtype=np.float32)
 comm.allreduce(x)
 assert (x == 3).all(), x[:4]
-print("allreduce ok on rank", comm.rank, "of", comm.size, flush=True)
+print(f"allreduce ok on rank {comm.rank} of {comm.size}", flush=True)  # one write: the ranks share the pipe
 """
 
 
