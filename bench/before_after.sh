@@ -20,7 +20,8 @@ for rep in $(seq 1 "${REPS:-3}"); do
         root=$before; [ "$side" = after ] && root=$after
         f="$out/$side-np$np_-$tp-r$rep.json"
         # shellcheck disable=SC2086
-        (cd "$root" && PYTHONPATH="$root/python" python3 -m harp_dev.bench.cli "${COLL:-allreduce}" -np "$np_" ${SWEEP:--b 8 -e 16M -f 4 -n 20 -w 5} \
+        cli=harp_dev.bench.cli; [ -d "$root/python/harp_dev" ] || cli=harp.bench.cli  # trees before harp-dev
+        (cd "$root" && PYTHONPATH="$root/python" python3 -m "$cli" "${COLL:-allreduce}" -np "$np_" ${SWEEP:--b 8 -e 16M -f 4 -n 20 -w 5} \
           --transport "$tp" --no-progress --json "$f" > "$f.txt" 2>&1)
         echo "$side np$np_ $tp rep $rep: load $(cut -d' ' -f1-3 /proc/loadavg) $(date -u +%T)" | tee -a "$out/log"
       done
