@@ -126,12 +126,14 @@ def assert_runtime_only(wheel):
     assert "harp-bench" not in scripts and "harp-cluster" not in scripts, scripts
 
 
-ALLREDUCE = """import numpy as np, harp
+ALLREDUCE = """import sys
+import numpy as np, harp
 comm = harp.init()
 x = np.full(1000, comm.rank + 1, dtype=np.float32)
 comm.allreduce(x)
 assert (x == 3).all(), x[:4]
-print(f"allreduce ok on rank {comm.rank} of {comm.size}", flush=True)  # one write: the ranks share the pipe
+sys.stdout.write(f"allreduce ok on rank {comm.rank} of {comm.size}\\n")  # one write with its newline: the ranks share the pipe
+sys.stdout.flush()
 """
 
 
