@@ -349,7 +349,7 @@ PYBIND11_MODULE(_harp, m) {
         return py::dict(py::arg("pick") = s.pick->name, py::arg("source") = pickSourceName(s.source),
                         py::arg("reason") = s.reason(), py::arg("candidates") = cands,
                         py::arg("alpha") = s.params.alpha, py::arg("beta") = s.params.beta,
-                        py::arg("gamma") = s.params.gamma, py::arg("overhead") = burstLatency(s.params, 2) - s.params.alpha,
+                        py::arg("gamma") = s.params.gamma, py::arg("overhead") = messageOverhead(s.params),
                         py::arg("params_source") = s.params_source,
                         py::arg("count") = q.count);
       },

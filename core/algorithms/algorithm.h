@@ -28,12 +28,15 @@ struct TransportParams {
   double alpha = 0, beta = 0, gamma = 0, overhead = 0;
 };
 
+// What each further message of a burst adds: overhead, at most alpha (0: alpha).
+inline double messageOverhead(const TransportParams& t) {
+  return t.overhead > 0 && t.overhead < t.alpha ? t.overhead : t.alpha;
+}
+
 // Seconds until the last of `msgs` messages posted together has started to
-// arrive: one latency, then each further message's overhead (at most alpha).
+// arrive: one latency, then each further message's overhead.
 inline double burstLatency(const TransportParams& t, int msgs) {
-  if (msgs <= 0) return 0;
-  const double o = t.overhead > 0 && t.overhead < t.alpha ? t.overhead : t.alpha;
-  return t.alpha + (msgs - 1) * o;
+  return msgs <= 0 ? 0 : t.alpha + (msgs - 1) * messageOverhead(t);
 }
 
 // Predicted seconds for n bytes (as in the tuning table: count x element size,
