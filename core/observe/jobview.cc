@@ -401,8 +401,9 @@ void session(int fd, std::shared_ptr<Recorder> rec, std::string body) {
       const int target = (root + q.lo) % rec->identity().size;
       auto me = find(comm, target);
       const Deadline dl = Deadline::after(q.budget_ms / 1000.0);
-      if (!me) sendAnswer(fd, "{\"error\":\"rank " + std::to_string(target) + " does not live in this process\"}", send_dl);
-      else {
+      if (!me) {
+        sendAnswer(fd, "{\"error\":\"rank " + std::to_string(target) + " does not live in this process\"}", send_dl);
+      } else {
         std::string a = statusOf(*me, root, q.lo, q.hi, dl);
         sendAnswer(fd, a, Deadline::after(dl.remainingS() + 5.0));
       }

@@ -84,8 +84,10 @@ void join(Recorder& r);
 // The listener's fd (-1: none yet or off). The observer thread polls it.
 int listenFd();
 
-// fork(): observer.cc's pthread_atfork handlers call these; the child starts
-// without a listener (its first communicator opens its own).
+// fork(): observer.cc's pthread_atfork handlers call these (prepare before it
+// takes the list of recorders' lock: the observer thread takes the job view's
+// lock, then that one); the child starts without a listener, connections or
+// sessions (its first communicator opens its own listener).
 void atforkPrepare();
 void atforkParent();
 void atforkChild();

@@ -116,8 +116,10 @@ void onSigusr1(int) {
 }
 
 void atforkPrepare() {
-  state().mu.lock();
+  // The job view's locks first: its handshakes look up recorders (state().mu)
+  // while holding its own, so this is the one order both ways take.
   jobview::atforkPrepare();
+  state().mu.lock();
 }
 void atforkParent() {
   jobview::atforkParent();
