@@ -186,6 +186,24 @@ class Transport {
   virtual void* capability(const Capability& /*which*/) { return nullptr; }
 };
 
+// A capability any transport may offer (tcp does): how this rank is connected
+// to a peer, for the status tools (the job view, core/observe/jobview.h).
+// Unlike the others it is asked from any thread (the observer's) once
+// connect() returned, while the executing thread drives the transport, so an
+// implementation reads only what is atomic or fixed after connect().
+struct LinkStatus {
+  static const Transport::Capability kCapability;
+  enum State : int { kUp = 0, kNotYet = 1, kFailed = 2 };  // kNotYet: lazy set-up, not connected yet
+  struct Link {
+    State state = kUp;
+    int lanes = 1;  // connections to the peer (tcp: lanes), open or (kNotYet) to be opened
+  };
+  virtual Link link(int peer) const = 0;
+
+ protected:
+  ~LinkStatus() = default;
+};
+
 // Typed accessor for Transport::capability (t may be nullptr).
 template <class C>
 C* capabilityOf(Transport* t) {
