@@ -5,7 +5,7 @@ tests/test_algos_logstep.py (every dtype and op, p 1-9, tcp and shm, in place an
   A x block <= HARP_SEGMENT_BYTES. Sizes are picked (with `plan` below, the C++ rule) so that each p runs
   with A = P/2 (ceil(log2 p) messages), A = 1 (p-1 messages) and 1 < A < P/2 (several phase-I groups and
   phase-II dimensions), on tcp and shm, in place and out of place.
-- More ranks: 13 and 16, every packing.
+- More ranks: 13 (tcp) and 16 (tcp, shm), every packing.
 - Scratch: reduce-scatter's partial sums take K+1 blocks at one block per message (K = ceil(log2 p)). With
   the scratch kept between calls (HARP_SCRATCH_KEEP_BYTES=1G), one call's growth of resident memory must stay
   within that, where Bruck in the same harness (1.5 p blocks) grows by more: the control that the measurement
@@ -116,10 +116,10 @@ def test_every_packing(p, transport):
     _assert_clean(res, len(counts) * 6)
 
 
-@pytest.mark.parametrize("p", [13, 16])
-def test_more_ranks(p):
+@pytest.mark.parametrize("p,transport", [(13, "tcp"), (16, "tcp"), (16, "shm")])
+def test_more_ranks(p, transport):
     counts = sorted(packing_cases(p).values()) + [0]
-    res = run_ranks(p, _check, counts, ("sum",), env={"HARP_TRANSPORT": "tcp", "HARP_SEGMENT_BYTES": "4096"},
+    res = run_ranks(p, _check, counts, ("sum",), env={"HARP_TRANSPORT": transport, "HARP_SEGMENT_BYTES": "4096"},
                     timeout=300)
     _assert_clean(res, len(counts) * 4)
 

@@ -14,6 +14,10 @@ hosts: the hierarchical `leader` is then forced too, and the model is harp-confi
 --hosts/--ppn and the mixed transport). --sizes MIN:MAX:FACTOR (default 8:64K:2) sweeps other sizes;
 --algos limits the forced HARP algorithms (the ring always runs). Each repetition runs the variants
 in another order (the second reversed: ABBA), so a drift in the shared machine's load falls on all.
+--interleave TURNS runs HARP's variants (auto, the ring, every forced algorithm) and gloo in the same
+rank processes instead, taking turns in an order rotated every turn (harp_dev.bench.interleave):
+per size and variant, each turn's time is the slowest rank's mean over a batch of calls, the figure
+the median turn. Open MPI (its own launcher) still runs as a job of its own beside them.
 
 One arena (--hosts hosts x one rank, --rate, harp-cluster --delay: 500us one way = 1 ms RTT) comes
 up; scripts/calibrate.py --cluster measures the tcp line (alpha = half the round trip, beta) and its
@@ -162,6 +166,34 @@ def run_one(name, spec, hosts, tmp, tag, coll, algo, iters, timeout, ppn=1, size
     return {r["size"]: {"us": arena_bench.time_of(r), "algo": r.get("algo")} for r in res["rows"]}
 
 
+def run_interleaved(name, spec, hosts, ppn, tmp, tag, coll, variants, turns, batch, sizes, timeout):
+    """HARP's variants (and gloo) in one job, taking turns: {variant: {size: {"us", "turns_us", "algo"}}}."""
+    lib, extra = arena_bench.split_lib(spec)
+    libs = [v if v == "gloo" else "harp" if v == "auto" else f"harp:{v}" for v in variants]
+    out = os.path.join(tmp, f"{tag}.json")
+    wa = arena_bench.worker_args(out, sizes[0], sizes[1], sizes[2], 0, 3)
+    wa.update(coll=coll, libs=libs, reps=turns, call_by_call=False, rounds=1, max_iters=batch, iters=batch)
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(arena_bench.PYDIR), GLOO_SOCKET_IFNAME="eth0",
+               OMP_NUM_THREADS="1", **extra)
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
+           "--launcher", "harp", "--timeout", str(timeout), "--", sys.executable, "-m", "harp_dev.bench.interleave",
+           "interleave", json.dumps(wa)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
+    if r.returncode:
+        raise RuntimeError(f"interleaved {coll} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")
+    parts = [check.load_rank(out, q)["rows"] for q in range(hosts * ppn)]
+    res = {v: {} for v in variants}
+    for i, row in enumerate(parts[0]):
+        for v, lname in zip(variants, libs):
+            wrong = sum((p[i]["libs"][lname].get(f"{m}_wrong") or 0) for p in parts for m in ("oop", "ip"))
+            if wrong:
+                raise RuntimeError(f"interleaved {coll} {v}: {wrong} wrong values at {row['size']} B")
+            per_turn = [max(p[i]["libs"][lname]["samples"][t] for p in parts) for t in range(turns)]
+            res[v][row["size"]] = {"us": statistics.median(per_turn), "turns_us": per_turn,
+                                        "algo": row["libs"][lname].get("algo")}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="logstep")
@@ -170,6 +202,8 @@ def main():
     ap.add_argument("--sizes", default="8:64K:2", help="MIN:MAX:FACTOR bytes (the largest buffer)")
     ap.add_argument("--algos", default="", help="only these forced HARP algorithms (besides the ring)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--interleave", type=int, default=0, metavar="TURNS",
+                    help="HARP's variants and gloo in the same ranks, TURNS turns of --iters calls each")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--delay", default="500us", help="one-way delay (harp-cluster --delay); 0 for none")
     ap.add_argument("--colls", default=",".join(COLLS))
@@ -206,7 +240,21 @@ def main():
             variants = ["auto", ring] + logs + peers
             runs = {k: [] for k in variants}
             loads = []
-            for rep in range(a.repeat):
+            if a.interleave:
+                inter = [k for k in variants if k != "mpi"]
+                got = run_interleaved(a.name, harp_spec, a.hosts, a.ppn, tmp, f"{coll}-inter", coll, inter,
+                                      a.interleave, a.iters, sizes, a.timeout)
+                for k in inter:
+                    runs[k].append(got[k])
+                if "mpi" in variants:
+                    runs["mpi"].append(run_one(a.name, "mpi", a.hosts, tmp, f"{coll}-mpi", coll, None, a.iters,
+                                               a.timeout, a.ppn, sizes, a.warmup))
+                loads.append(os.getloadavg()[0])
+                for k in variants:
+                    print(f"# {coll} {k} (load {loads[-1]:.1f}): " + ", ".join(
+                        f"{s}B {v['us']:.0f}us" for s, v in sorted(runs[k][-1].items(), key=lambda x: int(x[0]))),
+                        flush=True)
+            for rep in range(0 if a.interleave else a.repeat):
                 for k in (variants if rep % 2 == 0 else variants[::-1]):  # ABBA over repetitions
                     spec = k if k in peers else harp_spec
                     algo = None if k == "auto" or k in peers else k
