@@ -23,22 +23,21 @@ std::string span(const void* p, size_t n) {
 }
 
 // Send and receive ranges of one collective must be disjoint, or the receive
-// range must start exactly where the algorithms support in-place operation:
-// at the send buffer (`same`), or at block `r` of a p-block send buffer
-// (`block`, reduce_scatter / scatter: NCCL's in-place position). `any`:
-// the algorithm copes with every overlap (allgather, gather, broadcast stage
-// or move their input first).
-enum class Alias { kSame, kBlock, kAny };
-void checkOverlap(const char* name, const void* send, size_t sbytes, const void* recv, size_t rbytes, Alias ok,
+// range must start exactly where the collective's in-place rule (vocab.def's
+// inplace column, collInPlace) puts it: at the send buffer (`same`), or at
+// block `r` of a p-block send buffer (`block`, reduce_scatter / scatter:
+// NCCL's in-place position). `any` and `alone`: the algorithms cope with every
+// overlap (allgather, gather, broadcast stage or move their input first).
+void checkOverlap(const char* name, const void* send, size_t sbytes, const void* recv, size_t rbytes, InPlaceRule ok,
                   size_t blk, int r) {
-  if (!send || !recv || !sbytes || !rbytes || ok == Alias::kAny) return;
+  if (!send || !recv || !sbytes || !rbytes || (ok != InPlaceRule::same && ok != InPlaceRule::block)) return;
   auto s = reinterpret_cast<uintptr_t>(send), d = reinterpret_cast<uintptr_t>(recv);
   if (s + sbytes <= d || d + rbytes <= s) return;  // disjoint
-  if (ok == Alias::kSame && s == d) return;
-  if (ok == Alias::kBlock && d == s + static_cast<uintptr_t>(r) * blk) return;
+  if (ok == InPlaceRule::same && s == d) return;
+  if (ok == InPlaceRule::block && d == s + static_cast<uintptr_t>(r) * blk) return;
   throw InvalidArgument(std::string(name) + ": the send buffer " + span(send, sbytes) + " and the receive buffer " +
                         span(recv, rbytes) + " partially overlap; pass " +
-                        (ok == Alias::kSame ? "the same buffer" : "the receive buffer at this rank's block of the send buffer") +
+                        (ok == InPlaceRule::same ? "the same buffer" : "the receive buffer at this rank's block of the send buffer") +
                         " for in-place operation, or separate buffers");
 }
 
@@ -58,7 +57,8 @@ size_t checkPieces(const std::vector<BufPiece>& pieces, DataType dt, int ranks) 
     if (b.count == 0) continue;
     if (!b.send) throw InvalidArgument(name + ": send buffer is null");
     if (!b.recv) throw InvalidArgument(name + ": receive buffer is null");
-    checkOverlap(name.c_str(), b.send, b.count * es, b.recv, b.count * es, Alias::kSame, 0, 0);
+    checkOverlap(name.c_str(), b.send, b.count * es, b.recv, b.count * es, collInPlace(CollType::kAllreduceCoalesced),
+                 0, 0);
     spans.push_back({reinterpret_cast<uintptr_t>(b.recv), i});
   }
   // Receive buffers pairwise disjoint (sorted by start, each ends before the next begins).
@@ -130,11 +130,13 @@ void Communicator::validate(const CollArgs& a) const {
   }
   if (a.coll == CollType::kBarrier) return;
   if (a.count > 0 || vcounts) {
-    bool needs_send = a.coll != CollType::kRecv && !(a.coll == CollType::kScatter && a.root != rank_) &&
-                      a.coll != CollType::kBroadcast;
-    bool needs_recv = a.coll != CollType::kSend && !(a.coll == CollType::kReduce && a.root != rank_) &&
-                      !(a.coll == CollType::kGather && a.root != rank_);
-    if (a.coll == CollType::kBroadcast && !a.recvbuf) throw InvalidArgument("broadcast: buffer is null");
+    // The buffers this rank's part of the call uses (the byte rule, vocab.def's send and recv
+    // columns); `alone`: the receive buffer alone is the call in place (broadcast).
+    const bool at_root = a.root == rank_;
+    const InPlaceRule inplace = collInPlace(a.coll);
+    bool needs_send = bufferBlocks(collSend(a.coll), 1, at_root) > 0 && inplace != InPlaceRule::alone;
+    bool needs_recv = bufferBlocks(collRecv(a.coll), 1, at_root) > 0;
+    if (inplace == InPlaceRule::alone && !a.recvbuf) throw InvalidArgument(std::string(name) + ": buffer is null");
     if (vcounts) {
       size_t s = std::accumulate(a.sendcounts.begin(), a.sendcounts.end(), size_t{0});
       size_t r = std::accumulate(a.recvcounts.begin(), a.recvcounts.end(), size_t{0});
@@ -157,24 +159,12 @@ void Communicator::checkBuffers(const CollArgs& a) const {
   if (a.count > SIZE_MAX / es / p)
     throw InvalidArgument(std::string(name) + ": count " + std::to_string(a.count) + " of " + dtypeName(a.dtype) +
                           " is too large");
-  const size_t blk = a.count * es, all = blk * p;
-  const bool root = a.root == rank_;
-  switch (a.coll) {
-    case CollType::kAllreduce:
-      return checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
-    case CollType::kReduce:
-      if (root) checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
-      return;
-    case CollType::kAlltoall:
-      return checkOverlap(name, a.sendbuf, all, a.recvbuf, all, Alias::kSame, 0, 0);
-    case CollType::kReduceScatter:
-      return checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
-    case CollType::kScatter:
-      if (root) checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
-      return;
-    default:
-      return;
-  }
+  // The bytes each buffer holds on this rank (the byte rule) and where it may overlap the other
+  // (the in-place rule): vocab.def's send, recv and inplace columns.
+  const size_t blk = a.count * es;
+  const bool at_root = a.root == rank_;
+  checkOverlap(name, a.sendbuf, blk * bufferBlocks(collSend(a.coll), p, at_root), a.recvbuf,
+               blk * bufferBlocks(collRecv(a.coll), p, at_root), collInPlace(a.coll), blk, rank_);
 }
 
 }  // namespace harp
