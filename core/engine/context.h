@@ -146,8 +146,23 @@ class Context {
   // descriptors, or the root's data): its later check stands for the
   // closing abort-notice poll (Communicator::closingCheck).
   bool hearsFromAll() const { return hears_all_; }
+  // Batches (top of this file): send every peer's descriptors not yet sent
+  // (a call that does not batch its own, a wait that blocks, destroy()).
+  void flushBatches() {
+    if (res_.batch_out_n) flushCheckBatches(res_);
+  }
+  // destroy(): wait for the batches this rank sent to leave (a peer that
+  // closed meanwhile is no error here).
+  void finishBatchSends();
+  // Sends every pending batch without a Context (failing call, keep-alive
+  // beat, under the execution lock); true if any was posted.
+  static bool flushCheckBatches(CommResources& res);
 
  private:
+  void batchDescriptor(int q, const Descriptor& d);
+  void expectBatched(int q, Request& r);
+  bool pumpBatches();
+  void drainBatches(int q);
   void check(Request* r);
   bool checksPending() const { return check_done_ < check_recvs_.size() || settle_n_ > 0 || open_dc_; }
   void compareChecks();
@@ -187,6 +202,9 @@ std::string describe(const Descriptor& d);
 uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo = 0);
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag);
 uint64_t makeCheckTag(uint32_t seq);  // the descriptor check's messages
+uint64_t makeBatchTag();              // ... batched (CheckBatch)
+// Posts peer q's filling batch of deferred descriptors (Context, "Batches").
+void sendCheckBatch(CommResources& res, int q);
 inline bool tagIsExact(int64_t root, uint64_t count) { return root >= 0 && root < 4096 && count < (1ull << 32); }
 std::string describeTag(uint64_t tag);
 

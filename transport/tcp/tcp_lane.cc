@@ -337,6 +337,9 @@ bool TcpPair::progressSend() {
     if (m.next_off >= m.req->len) sends_.pop_front();
     if (best->shdr_done == sizeof(FrameHeader) && best->sdone == best->slen) pieceWritten(*best);
     moved |= holdLazy();
+    // Lazy sends just held, behind an unhinted send now and ahead of the next: they go
+    // before it (a one-lane pair would otherwise write the next message first).
+    if (!sends_.empty() && l0.held_n) l0.held_go = true;
   }
   return moved;
 }
