@@ -413,6 +413,7 @@ void Context::settleDeferred() {
     for (int i = 0; i < must; ++i)
       for (Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) {
         r.lazy = false;  // waited for now: the transports read it eagerly
+        if (!r.done() && res_.batch_in[r.peer].posted) res_.batch_in[r.peer].req.lazy = false;  // ... or its batch
         rs.push_back(&r);
       }
     waitAll(rs);  // compareChecks, at the top of each round, throws before check() would
@@ -475,9 +476,12 @@ void Context::batchDescriptor(int q, const Descriptor& d) {
 }
 
 namespace {
-void postBatchRecv(CommResources& res, int q) {
+// lazy: nobody waits for it yet (tcp then reads it at waits, not at every
+// progress(): Request::lazy); cleared by whoever waits for it.
+void postBatchRecv(CommResources& res, int q, bool lazy = true) {
   BatchIn& in = res.batch_in[q];
   in.req = Request{};
+  in.req.lazy = lazy;
   in.req.buf = &in.buf;
   in.req.len = sizeof(CheckBatch);
   in.req.tag = makeBatchTag();
@@ -561,6 +565,7 @@ bool Context::pumpBatches() {
 void Context::drainBatches(int q) {
   BatchIn& in = res_.batch_in[q];
   while (!in.waiting.empty()) {
+    in.req.lazy = false;  // waited for now
     waitAll({&in.req});  // pumps it at its top: filled, or failed (check() raises)
     pumpBatches();
     if (in.req.state == Request::kFailed && in.waiting.empty()) break;
