@@ -440,14 +440,14 @@ std::string Context::deferredFinding() {
 // ---------------------------------------------------------------------------
 // Batches
 
-bool Context::flushCheckBatches(CommResources& res) {
+bool Context::flushCheckBatches(CommResources& res, bool lazy) {
   if (!res.batch_out_n) return false;
   for (size_t q = 0; q < res.batch_out.size() && res.batch_out_n; ++q)
-    if (res.batch_out[q].n) sendCheckBatch(res, static_cast<int>(q));
+    if (res.batch_out[q].n) sendCheckBatch(res, static_cast<int>(q), lazy);
   return true;
 }
 
-void sendCheckBatch(CommResources& res, int q) {
+void sendCheckBatch(CommResources& res, int q, bool lazy) {
   BatchOut& o = res.batch_out[q];
   CheckBatch& b = o.buf[o.cur];
   b.count = static_cast<uint32_t>(o.n);
@@ -457,6 +457,7 @@ void sendCheckBatch(CommResources& res, int q) {
   r.len = sizeof(CheckBatch);
   r.tag = makeBatchTag();
   r.peer = q;
+  r.lazy = lazy;
   o.cur ^= 1;
   o.n = 0;
   --res.batch_out_n;

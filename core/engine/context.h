@@ -155,8 +155,10 @@ class Context {
   // closed meanwhile is no error here).
   void finishBatchSends();
   // Sends every pending batch without a Context (failing call, keep-alive
-  // beat, under the execution lock); true if any was posted.
-  static bool flushCheckBatches(CommResources& res);
+  // beat, under the execution lock); true if any was posted. lazy (a failing
+  // call): held by the transport and written ahead of its abort notice, even
+  // on a connection whose receive side broke on a mismatch (tcp).
+  static bool flushCheckBatches(CommResources& res, bool lazy = false);
 
  private:
   void batchDescriptor(int q, const Descriptor& d);
@@ -204,7 +206,7 @@ uint64_t makeP2pTag(DataType dt, uint32_t user_tag);
 uint64_t makeCheckTag(uint32_t seq);  // the descriptor check's messages
 uint64_t makeBatchTag();              // ... batched (CheckBatch)
 // Posts peer q's filling batch of deferred descriptors (Context, "Batches").
-void sendCheckBatch(CommResources& res, int q);
+void sendCheckBatch(CommResources& res, int q, bool lazy = false);
 inline bool tagIsExact(int64_t root, uint64_t count) { return root >= 0 && root < 4096 && count < (1ull << 32); }
 std::string describeTag(uint64_t tag);
 

@@ -237,7 +237,7 @@ void Communicator::failCall(const Error& e, Context* ctx) {
   // Batched descriptors not yet sent go ahead of the abort notice: the peers
   // then name the disagreement this rank's descriptor shows.
   try {
-    if (Context::flushCheckBatches(res_))
+    if (Context::flushCheckBatches(res_, true))
       for (auto& t : res_.transports) t->progress();
   } catch (const std::exception&) {
   }
