@@ -191,8 +191,9 @@ inline void Communicator::describe(CallPlan& p) {
 // data disagrees raises MismatchError in the call; one that only sent, or
 // whose data agreed (defersCheck), raises at a later call (by its next
 // non-deferring call, HARP_CHECK_WINDOW calls, or destroy()). Cost: with an
-// exact tag each broadcast/scatter receiver sends its 24-byte descriptor to its
-// p-1 peers and nobody waits for one; ABBA figures against the tree before the
+// exact tag each broadcast/scatter receiver copies its 24-byte descriptor into
+// a batch for each of its p-1 peers (one message per 16 calls, context.h,
+// "Batches") and nobody waits for one; ABBA figures against the tree before the
 // check in bench/RESULTS.md ("Deferred root check"). Large messages unchanged.
 // Allreduce pays only the closing check (closingCheck). Zero counts and
 // descriptors the tag cannot carry run the check before the algorithm (a rank
