@@ -8,11 +8,11 @@ namespace harp {
 namespace {
 // Name and size tables indexed by enum value (vocab.def lists them in value order: checked below).
 const char* kDtypeNames[kNumDataTypes] = {
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) #name,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) #name,
 #include "base/vocab.def"
 };
 const size_t kDtypeSizes[kNumDataTypes] = {
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) size,
 #include "base/vocab.def"
 };
 const char* kOpNames[kNumReduceOps] = {
@@ -20,7 +20,7 @@ const char* kOpNames[kNumReduceOps] = {
 #include "base/vocab.def"
 };
 const char* kCollNames[kNumCollTypes] = {
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) #name,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) #name,
 #include "base/vocab.def"
 };
 struct Alias {
@@ -43,7 +43,7 @@ constexpr bool inOrder(std::initializer_list<int> values) {
   return true;
 }
 static_assert(inOrder({
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) value,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) value,
 #include "base/vocab.def"
               }), "vocab.def: HARP_DTYPE values must be 0, 1, 2, ... in order");
 static_assert(inOrder({
@@ -51,7 +51,7 @@ static_assert(inOrder({
 #include "base/vocab.def"
               }), "vocab.def: HARP_REDOP values must be 0, 1, 2, ... in order");
 static_assert(inOrder({
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) value,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) value,
 #include "base/vocab.def"
               }), "vocab.def: HARP_COLL values must be 0, 1, 2, ... in order");
 
@@ -119,8 +119,7 @@ void checkOpSupported(DataType dt, ReduceOp op) {
     throw InvalidArgument("unknown datatype code " + std::to_string(static_cast<unsigned>(dt)));
   if (static_cast<unsigned>(op) >= kNumReduceOps)
     throw InvalidArgument("unknown reduction op code " + std::to_string(static_cast<unsigned>(op)));
-  bool is_float = dt == DataType::kFloat16 || dt == DataType::kBfloat16 || dt == DataType::kFloat32 ||
-                  dt == DataType::kFloat64;
+  const bool is_float = !isInteger(dt) && dt != DataType::kBool;  // vocab.def's integer column
   bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
   if (is_float && bitwise)
     throw InvalidArgument(std::string("reduction op '") + opName(op) + "' is not defined for " + dtypeName(dt));

@@ -18,11 +18,11 @@ namespace harp {
 // lines through _harp.vocab(); bindings/nccl/nccl.h and python/harp/nccl/ are
 // checked against it at build time).
 enum class DataType : uint8_t {
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) e = value,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) e = value,
 #include "base/vocab.def"
 };
 constexpr int kNumDataTypes = 0
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) +1
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) +1
 #include "base/vocab.def"
     ;
 
@@ -38,36 +38,90 @@ constexpr int kNumReduceOps = 0
 // kBand, kBor, kBxor: bitwise; integer and bool types only.
 
 enum class CollType : uint8_t {
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) e = value,
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) e = value,
 #include "base/vocab.def"
 };
 constexpr int kNumCollTypes = 0
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) +1
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) +1
 #include "base/vocab.def"
     ;
-// A collective's traits, as vocab.def declares them: it combines data with an
-// op (allreduce, reduce, reduce_scatter, allreduce_coalesced), it has a root,
-// it takes per-rank counts.
+// A collective's traits, as vocab.def declares them (its header explains each
+// column): it combines data with an op (allreduce, reduce, reduce_scatter,
+// allreduce_coalesced), it has a root, it takes per-rank counts.
 constexpr bool collReduces(CollType c) {
   switch (c) {
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return reduces;
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) case CollType::e: return reduces;
 #include "base/vocab.def"
   }
   return false;
 }
 constexpr bool collRooted(CollType c) {
   switch (c) {
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return rooted;
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) case CollType::e: return rooted;
 #include "base/vocab.def"
   }
   return false;
 }
 constexpr bool collVcounts(CollType c) {
   switch (c) {
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) case CollType::e: return vcounts;
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) case CollType::e: return vcounts;
 #include "base/vocab.def"
   }
   return false;
+}
+// The byte rule: what one rank's send or receive buffer holds for a call of
+// count c at p ranks (vocab.def's send and recv columns; the enumerators are
+// spelt as vocab.def spells them); bufferBlocks turns it into blocks of c
+// elements on one rank.
+enum class Extent : uint8_t { none, count, count_p, root_count, root_count_p, listed };
+constexpr Extent collSend(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) \
+  case CollType::e: return Extent::send;
+#include "base/vocab.def"
+  }
+  return Extent::none;
+}
+constexpr Extent collRecv(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) \
+  case CollType::e: return Extent::recv;
+#include "base/vocab.def"
+  }
+  return Extent::none;
+}
+// Blocks of c elements a buffer of extent `x` holds on a rank (`at_root`: this
+// rank is the call's root) of p: 0 (no buffer here), 1 or p. `listed` gives 0:
+// such calls describe their buffers themselves (CollArgs counts, pieces, p2p).
+constexpr size_t bufferBlocks(Extent x, size_t p, bool at_root) {
+  switch (x) {
+    case Extent::count: return 1;
+    case Extent::count_p: return p;
+    case Extent::root_count: return at_root ? 1 : 0;
+    case Extent::root_count_p: return at_root ? p : 0;
+    default: return 0;
+  }
+}
+// The in-place rule (vocab.def's inplace column): how a call's send and
+// receive buffers may overlap; core/engine/validate.cc refuses any other overlap.
+enum class InPlaceRule : uint8_t { none, same, block, any, alone, unchecked };
+constexpr InPlaceRule collInPlace(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) \
+  case CollType::e: return InPlaceRule::inplace;
+#include "base/vocab.def"
+  }
+  return InPlaceRule::unchecked;
+}
+// torch's name for the call (ProcessGroupNCCL's "nccl:<name>" in its flight
+// record and profiler); "" for an out-of-range code.
+constexpr const char* collTorchName(CollType c) {
+  switch (c) {
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) \
+  case CollType::e: return #torch;
+#include "base/vocab.def"
+  }
+  return "";
 }
 // kP2pBatch: a group of sends and receives that progress together (CollArgs::p2p).
 // kAllreduceCoalesced: one allreduce schedule over a list of buffers (CollArgs::pieces).
@@ -89,13 +143,26 @@ size_t dtypeSize(DataType dt);
 // dtypeSize without the check, inline (hot paths with a dtype already checked;
 // an out-of-range code gives 0).
 inline constexpr uint8_t kItemSizes[] = {
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) size,
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) size,
 #include "base/vocab.def"
 };
-// The integer dtypes (avg of them is exact integer division, core/engine/communicator.cc runIntAvg).
-inline bool isInteger(DataType t) {
-  return t == DataType::kInt8 || t == DataType::kUint8 || t == DataType::kInt32 || t == DataType::kUint32 ||
-         t == DataType::kInt64 || t == DataType::kUint64;
+// The integer dtypes, vocab.def's integer column (avg of them is exact integer division,
+// core/engine/pipeline.cc runIntAvg).
+constexpr bool isInteger(DataType t) {
+  switch (t) {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) case DataType::e: return integer;
+#include "base/vocab.def"
+  }
+  return false;
+}
+// torch's name of a datatype (its c10 ScalarType: "Float", "BFloat16", ...), vocab.def's torch
+// column; "" for an out-of-range code.
+constexpr const char* dtypeTorchName(DataType t) {
+  switch (t) {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) case DataType::e: return #torch;
+#include "base/vocab.def"
+  }
+  return "";
 }
 inline size_t itemSize(DataType dt) {
   const auto i = static_cast<unsigned>(dt);

@@ -100,10 +100,11 @@ def main():
         v = json.loads(r.stdout)["comms"][0]
         ok = [e for e in v["ranks"] if e["state"] == "ok"]
         flight = sum(1 for e in ok if e["in_flight"])
+        links = {k: sum(g.get(k, 0) for e in ok for g in e.get("links", [])) for k in ("up", "not_connected", "failed")}
         views.append({"wall_s": round(wall, 3), "view_s": v["seconds"], "ranks_ok": len(ok), "in_flight": flight,
-                      "blame": v["analysis"]["blame"][:4], "answer_bytes": len(r.stdout)})
+                      "blame": v["analysis"]["blame"][:4], "answer_bytes": len(r.stdout), "links": links})
         print(f"view: command {wall:.3f} s, view {v['seconds']:.3f} s, {len(ok)}/{n} ranks answered, {flight} in "
-              f"flight, to blame {v['analysis']['blame'][:4]}", flush=True)
+              f"flight, to blame {v['analysis']['blame'][:4]}, tcp pairs over all ranks {links}", flush=True)
     pids = [int(x.split(".")[0]) for x in os.listdir(sdir) if x.endswith(".sock")]
     time.sleep(max(0.0, phase["hang_end"] + 5 - time.time()))
     before = {p: (thread_cpu_ns(p, "harp-observer"), thread_cpu_ns(p, "harp-publisher")) for p in pids}

@@ -33,18 +33,21 @@ using namespace harp;
 
 namespace {
 
-// base/vocab.def as data, for harp._types: {"dtypes": [(name, value, itemsize, numpy name)],
+// base/vocab.def as data, for harp._types: {"dtypes": [(name, value, itemsize, numpy name, NCCL value)],
 // "dtype_aliases": [(alias, name)], "ops": [(name, value, Python name)], "op_aliases": [(alias,
-// name)], "colls": [(name, value, reduces, rooted, vcounts)]}, each list in vocab.def's order.
+// name)], "colls": [(name, value, reduces, rooted, vcounts, send, recv, inplace, torch)]}, each list
+// in vocab.def's order (send, recv, inplace and torch as vocab.def spells them).
 // Built from the same X-macro lines as the C++ enums, so Python needs no edit for a new entry.
 py::dict vocabTables() {
   py::list dtypes, dtype_aliases, ops, op_aliases, colls;
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv) dtypes.append(py::make_tuple(#name, value, size, #np));
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) \
+  dtypes.append(py::make_tuple(#name, value, size, #np, ncclv));
 #define HARP_DTYPE_ALIAS(alias, name) dtype_aliases.append(py::make_tuple(#alias, #name));
 #define HARP_REDOP(name, e, value, pyname, nccl, ncclv) ops.append(py::make_tuple(#name, value, #pyname));
 #define HARP_REDOP_ALIAS(alias, name) op_aliases.append(py::make_tuple(#alias, #name));
-#define HARP_COLL(name, e, value, reduces, rooted, vcounts) \
-  colls.append(py::make_tuple(#name, value, bool(reduces), bool(rooted), bool(vcounts)));
+#define HARP_COLL(name, e, value, reduces, rooted, vcounts, send, recv, inplace, torch) \
+  colls.append(py::make_tuple(#name, value, bool(reduces), bool(rooted), bool(vcounts), #send, #recv, #inplace, \
+                              #torch));
 #include "base/vocab.def"
   py::dict out;
   out["dtypes"] = dtypes;
@@ -183,7 +186,8 @@ long opCode(PyObject* op) {
 // come from the arrays themselves (no dtype override here), so count x itemsize
 // is each array's size by construction. allreduce, broadcast,
 // reduce: `recv` None means in place. allgather, reduce_scatter, alltoall:
-// `recv` is required, its size N times, 1/N times, or equal to send's. `algo`
+// `recv` is required. The arrays' sizes must relate as vocab.def's byte rule
+// says (allgather's recv N times send's, ...; an unused side is ignored). `algo`
 // is a name or None. Returns False, doing nothing, when the arguments need the
 // general path (not a plain C-contiguous ndarray of a HARP dtype, or sizes or
 // dtypes that do not fit), which also words any error.
@@ -205,44 +209,36 @@ PyObject* runArrays(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     int overflow = 0;
     const long long root = PyLong_AsLongLongAndOverflow(args[5], &overflow);
     if (overflow || root < 0 || root >= c.size()) Py_RETURN_FALSE;
+    // The numpy API's own choice, not a collective trait: `recv` None means in place for
+    // allreduce, broadcast and reduce; the others need a receive array here (comm.py makes one
+    // before calling when the user passed none). gather, scatter and the rest take the general path.
+    const CollType ct = static_cast<CollType>(coll);
+    const bool none_in_place = ct == CollType::kAllreduce || ct == CollType::kBroadcast || ct == CollType::kReduce;
+    if (!none_in_place && ct != CollType::kAllgather && ct != CollType::kReduceScatter && ct != CollType::kAlltoall)
+      Py_RETURN_FALSE;
+    const bool inPlace = args[3] == Py_None;
+    if (inPlace && !none_in_place) Py_RETURN_FALSE;
+    // The byte rule (vocab.def): blocks of `count` elements each array holds on this rank (0: unused
+    // here), so count follows from the send array (or the receive array when this rank sends none).
+    const size_t N = static_cast<size_t>(c.size());
+    const bool at_root = c.rank() == root;
+    const size_t kb_send = bufferBlocks(collSend(ct), N, at_root), kb_recv = bufferBlocks(collRecv(ct), N, at_root);
     void *s = nullptr, *r = nullptr;
     size_t ns = 0, nr = 0, count = 0;
     int ds = 0, dr = 0;
-    const bool inPlace = args[3] == Py_None;
-    const size_t N = static_cast<size_t>(c.size());
     bool ok;
-    switch (static_cast<CollType>(coll)) {
-      // recv is required; the sizes relate by the rank count (`count` as the
-      // general Python path passes it: elements per rank).
-      case CollType::kAllgather:       // recv: N blocks of send's size
-      case CollType::kReduceScatter:   // send: N blocks of recv's size
-      case CollType::kAlltoall:        // N equal blocks each way
-        ok = !inPlace && plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) &&
-             dr == ds;
-        if (coll == static_cast<int>(CollType::kAllgather)) {
-          ok = ok && nr == ns * N;
-          count = ns;
-        } else if (coll == static_cast<int>(CollType::kReduceScatter)) {
-          ok = ok && ns == nr * N;
-          count = nr;
-        } else {
-          ok = ok && nr == ns && ns % N == 0;
-          count = ns / N;
-        }
-        break;
-      case CollType::kAllreduce:
-      case CollType::kBroadcast:
-      case CollType::kReduce: {  // same size each way; recv None = in place
-        const bool needOut = coll != static_cast<int>(CollType::kReduce) || c.rank() == root;
-        ok = plainArray(args[2], inPlace && needOut, &s, &ns, &ds);
-        if (ok && inPlace) r = s, nr = ns;
-        else if (ok) ok = plainArray(args[3], true, &r, &nr, &dr) && nr == ns && dr == ds;
-        if (!needOut) r = nullptr;
-        count = ns;
-        break;
-      }
-      default:
-        ok = false;
+    // k: blocks in the array count is read from (send's, or recv's where this rank sends none).
+    const size_t k = kb_send ? kb_send : kb_recv;
+    if (inPlace) {  // one array for both buffers: written when this rank receives
+      ok = plainArray(args[2], kb_recv > 0, &s, &ns, &ds) && k && ns % k == 0;
+      count = k ? ns / k : 0;
+      if (kb_recv) r = s, nr = ns;
+    } else {
+      ok = plainArray(args[2], false, &s, &ns, &ds) && plainArray(args[3], true, &r, &nr, &dr) && dr == ds;
+      const size_t n = kb_send ? ns : nr;
+      count = k ? n / k : 0;
+      ok = ok && k && n % k == 0 && (!kb_recv || nr == count * kb_recv);
+      if (!kb_recv) r = nullptr, nr = 0;  // unused on this rank (a reduce's non-root)
     }
     if (!ok) Py_RETURN_FALSE;
     CollArgs a = collArgs(static_cast<int>(coll), reinterpret_cast<uintptr_t>(ns ? s : nullptr),

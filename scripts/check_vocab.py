@@ -13,7 +13,11 @@ the file, the entry and both values:
   bindings/nccl/nccl.h    ncclDataType_t, ncclRedOp_t, ncclResult_t values
   python/harp/nccl/__init__.py   NCCL_* constants
   bindings/nccl/nccl_common.cc, nccl_coll.cc  NCCL <-> HARP switches
-  and vocab.def's NCCL values against NCCL's public ABI (held below).
+  base/types.h            the Extent and InPlaceRule enumerators HARP_COLL's columns name
+  python/harp/_types.py   buffer_blocks: a branch per byte-rule extent that holds blocks
+  and vocab.def's NCCL values against NCCL's public ABI (held below), and each
+  HARP_COLL line's traits against each other (a root-only buffer on a collective
+  without a root, an in-place rule its byte rule cannot satisfy, ...).
 python/harp/_types.py is no mirror: it builds its classes from the table the
 compiled module exports (_harp.vocab(), made from vocab.def's own lines).
 
@@ -39,6 +43,10 @@ NCCL_ABI = {
 }
 
 
+# HARP_COLL's columns after name, Enumerator and value (vocab.def's header explains them).
+COLL_COLUMNS = ("reduces", "rooted", "vcounts", "send", "recv", "inplace", "torch")
+
+
 class Vocab:
     def __init__(self, text):
         self.rows = {}
@@ -53,6 +61,10 @@ class Vocab:
         self.ops = [(r[0], r[1], int(r[2]), r[3], r[4], int(r[5])) for r in d.get("HARP_REDOP", [])]
         self.op_alias = dict(d.get("HARP_REDOP_ALIAS", []))
         self.colls = [(r[0], r[1], int(r[2])) for r in d.get("HARP_COLL", [])]
+        # name -> {reduces, rooted, vcounts (bool), send, recv, inplace, torch (str)}
+        self.coll_traits = {r[0]: dict(zip(COLL_COLUMNS, [x == "1" for x in r[3:6]] + r[6:10]))
+                            for r in d.get("HARP_COLL", []) if len(r) == 10}
+        self.coll_widths = {r[0]: len(r) for r in d.get("HARP_COLL", [])}
         self.errors = [(r[0], int(r[1]), r[2], r[3]) for r in d.get("HARP_ERROR", [])]
         self.results = {r[0]: int(r[1]) for r in d.get("HARP_NCCL_RESULT", [])}
         self.counts = {r[0]: int(r[1]) for r in d.get("HARP_NCCL_COUNT", [])}
@@ -105,6 +117,13 @@ def check_def(c, v):
         for i, r in enumerate(rows):
             if r[idx] != i:
                 c.fail(where, f"{kind}({r[0]}) has value {r[idx]}; values must be 0, 1, 2, ... in order")
+    for r in v.rows.get("HARP_DTYPE", []):
+        if len(r) != 9:
+            c.fail(where, f"HARP_DTYPE({r[0]}) has {len(r)} columns, needs 9 (name, Enumerator, value, itemsize, "
+                          "numpy name, NCCL enumerator, NCCL value, integer, torch)")
+        elif r[7] not in ("0", "1") or not re.fullmatch(r"[A-Z]\w*", r[8]):
+            c.fail(where, f"HARP_DTYPE({r[0]}): integer must be 0 or 1 and torch a c10 ScalarType name, "
+                          f"not {r[7]}, {r[8]}")
     names = {r[0] for r in v.dtypes}
     for a, t in v.dtype_alias.items():
         if t not in names:
@@ -115,6 +134,80 @@ def check_def(c, v):
     c.same(where + " (against NCCL's ABI)", "ncclDataType_t", v.nccl_dtypes(), NCCL_ABI["ncclDataType_t"])
     c.same(where + " (against NCCL's ABI)", "ncclRedOp_t", v.nccl_ops(), NCCL_ABI["ncclRedOp_t"])
     c.same(where + " (against NCCL's ABI)", "ncclResult_t", v.nccl_results(), NCCL_ABI["ncclResult_t"])
+
+
+def _blocks(extent, root):
+    """buffer_blocks at p = 2 (0, 1 or 2 blocks on a rank; None for listed)."""
+    return {"none": 0, "count": 1, "count_p": 2, "root_count": int(root), "root_count_p": 2 * root}.get(extent)
+
+
+def check_colls(c, v):
+    """Each HARP_COLL line's traits agree with each other: the byte rule, the in-place rule and the
+    flags describe one collective."""
+    where = "base/vocab.def"
+    for name, width in v.coll_widths.items():
+        if width != 3 + len(COLL_COLUMNS):
+            c.fail(where, f"HARP_COLL({name}) has {width} columns, needs {3 + len(COLL_COLUMNS)} "
+                          f"(name, Enumerator, value, {', '.join(COLL_COLUMNS)})")
+    for name, t in v.coll_traits.items():
+        line = f"HARP_COLL({name})"
+        sides = (t["send"], t["recv"])
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", t["torch"]):
+            c.fail(where, f"{line}: torch name '{t['torch']}' is not a lower-case identifier")
+        if any(x.startswith("root_") for x in sides) and not t["rooted"]:
+            c.fail(where, f"{line}: a root-only buffer ({'/'.join(sides)}) on a collective without a root")
+        if t["vcounts"] and sides != ("listed", "listed"):
+            c.fail(where, f"{line}: per-rank counts need send and recv 'listed', not {'/'.join(sides)}")
+        if t["reduces"] and t["send"] == "none":
+            c.fail(where, f"{line}: a reduction without a send buffer")
+        if "listed" in sides:
+            continue
+        at_root = [(_blocks(t["send"], r), _blocks(t["recv"], r)) for r in (True, False)]
+        if None in sum(at_root, ()):
+            continue  # an unknown extent: check_enums names it
+        rule = t["inplace"]
+        if rule == "same" and any(s and r and s != r for s, r in at_root):
+            c.fail(where, f"{line}: in-place rule 'same' with buffers of different sizes ({'/'.join(sides)})")
+        if rule == "block" and any(s and r and s != 2 * r for s, r in at_root):
+            c.fail(where, f"{line}: in-place rule 'block' needs a send buffer of p blocks of the receive buffer "
+                          f"({'/'.join(sides)})")
+        if rule == "none" and any(s and r for s, r in at_root):
+            c.fail(where, f"{line}: in-place rule 'none' on a collective with two buffers ({'/'.join(sides)})")
+        if rule == "alone" and not all(r for _, r in at_root):
+            c.fail(where, f"{line}: in-place rule 'alone' needs a receive buffer on every rank")
+
+
+def _enum_class(text, name):
+    m = re.search(r"enum class " + name + r"\s*:\s*\w+\s*\{([^}]*)\}", text)
+    return None if m is None else [x.strip() for x in m.group(1).split(",") if x.strip()]
+
+
+def check_enums(c, v):
+    """The tokens vocab.def's send/recv/inplace columns use are base/types.h's enumerators (spelt
+    alike, so the X-macros compile), and harp._types.buffer_blocks knows each extent holding blocks."""
+    rel = "base/types.h"
+    text = c.read(rel)
+    for enum, cols in (("Extent", ("send", "recv")), ("InPlaceRule", ("inplace",))):
+        have = _enum_class(text, enum)
+        if have is None:
+            c.fail(rel, f"no enum class {enum}")
+            continue
+        for name, t in v.coll_traits.items():
+            for col in cols:
+                if t[col] not in have:
+                    c.fail(rel, f"enum class {enum} has no {t[col]} (vocab.def: HARP_COLL({name}) {col})")
+    extents = _enum_class(text, "Extent") or []
+    rel = "python/harp/_types.py"
+    tree = ast.parse(c.read(rel))
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "buffer_blocks"), None)
+    if fn is None:
+        c.fail(rel, "no buffer_blocks()")
+        return
+    known = {n.comparators[0].value for n in ast.walk(fn) if isinstance(n, ast.Compare)
+             and len(n.comparators) == 1 and isinstance(n.comparators[0], ast.Constant)}
+    for x in extents:
+        if x not in ("none", "listed") and x not in known:
+            c.fail(rel, f"buffer_blocks has no branch for extent {x} (base/types.h Extent)")
 
 
 def check_errors(c, v):
@@ -208,7 +301,8 @@ def check_nccl_switches(c, v):
 def check(root):
     c = Checker(root)
     v = Vocab(c.read("base/vocab.def"))
-    for step in (check_def, check_errors, check_nccl_h, check_nccl_py, check_nccl_switches):
+    for step in (check_def, check_colls, check_enums, check_errors, check_nccl_h, check_nccl_py,
+                 check_nccl_switches):
         try:
             step(c, v)
         except (OSError, SyntaxError, ValueError) as e:

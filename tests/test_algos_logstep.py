@@ -1,11 +1,13 @@
 """Log-step allgather and reduce-scatter algorithms, forced by name, on real ranks.
 
-allgather `bruck` (any p), `recursive_doubling` (2^k ranks, fallback bruck) and
+allgather `bruck` (any p), `pat` (any p), `recursive_doubling` (2^k ranks, fallback bruck) and
 reduce_scatter `recursive_halving` (any p: non-powers of two fold the extra ranks),
-`bruck` (any p), checked against numpy for p in 1..9, tcp and shm, out
+`bruck` and `pat` (any p), checked against numpy for p in 1..9, tcp and shm, out
 of place, in place (NCCL's rule), sendbuf inside recvbuf elsewhere, count 0 and
 odd counts; every dtype and op at every p, plus one large odd count (float32),
-also cut into slices (the Bruck algorithms' bounded scratch, HARP_SEGMENT_BYTES=4096). The reduce-scatter input
+also cut into slices (the Bruck algorithms' bounded scratch, HARP_SEGMENT_BYTES=4096; for `pat` that
+segment also sends every block alone, p-1 messages, where the default packs them into ceil(log2 p)).
+tests/test_algos_pat.py has PAT's own cases (mixed packing, 13 and 16 ranks, its scratch bound). The reduce-scatter input
 must come back unmodified (but for the output block, in place).
 """
 from __future__ import annotations
@@ -21,8 +23,8 @@ import harp
 from collectives_check import DTYPES, data, ops_for, reference, same, registered_algorithms
 from harness import run_ranks
 
-AG_ALGOS = ["bruck", "recursive_doubling"]
-RS_ALGOS = ["bruck", "recursive_halving"]
+AG_ALGOS = ["bruck", "pat", "recursive_doubling"]
+RS_ALGOS = ["bruck", "pat", "recursive_halving"]
 RANKS = [2, 3, 4, 5, 6, 7, 8, 9]
 SIZES = (0, 1, 7, 1031)
 LARGE = 100003  # odd, ~400 KB of float32 per block: several segments, blocking waits
@@ -125,8 +127,8 @@ def test_large_odd_count(p, transport, segment):
 @pytest.mark.parametrize("p", [5, 8])
 def test_dtype_matrix_in_slices(p):
     env = {"HARP_TRANSPORT": "shm", "HARP_SEGMENT_BYTES": "4096"}
-    _assert_clean(run_ranks(p, _check_allgather, ["bruck"], env=env, timeout=120))
-    _assert_clean(run_ranks(p, _check_reduce_scatter, ["bruck"], env=env, timeout=120))
+    _assert_clean(run_ranks(p, _check_allgather, ["bruck", "pat"], env=env, timeout=120))
+    _assert_clean(run_ranks(p, _check_reduce_scatter, ["bruck", "pat"], env=env, timeout=120))
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])

@@ -72,9 +72,9 @@ def job(tmp_path):
     sdir.mkdir(mode=0o700)
     started = []
 
-    def start(n, mode="hang"):
+    def start(n, mode="hang", extra=None):
         env = {"HARP_STATUS_DIR": str(sdir), "HARP_KEEPALIVE_TIMEOUT": "120", "HARP_TRANSPORT": "tcp",
-               "HARP_STALL_WARNING_S": "600"}
+               "HARP_STALL_WARNING_S": "600", **(extra or {})}
         procs, q = harness.start_ranks(n, looping, mode, str(tmp_path / "never"), env=env)
         started.append((procs, q))
         socks = {r: str(sdir / f"{p.pid}.sock") for r, p in enumerate(procs)}
@@ -123,6 +123,11 @@ def test_sigstopped_rank_named_from_two_hosts(job, n, tmp_path):
     assert view["analysis"]["unreachable"] == [victim] and victim in view["analysis"]["blame"]
     assert all(_state(view, r) == "ok" for r in range(n) if r != victim)
     assert all(e["hostid"] == ("hostA" if e["rank"] < n // 2 else "hostB") for e in view["ranks"] if e["state"] == "ok")
+    # Links: eager tcp pairs of one lane, every one up (the stopped rank's too: nothing broke them).
+    want = {k: ("tcp", c, c, {"1": c}) for k, c in (("same host", n // 2 - 1), ("other hosts", n // 2)) if c}
+    for e in view["ranks"]:
+        if e["state"] == "ok":
+            assert {g["peers"]: (g["transport"], g["n"], g["up"], g["lanes"]) for g in e["links"]} == want, e
     # As from another host without a local rank: the address of the last live rank (on hostB when n > 2),
     # the key as --job-key printed it there.
     k = tool("--job-key", "--socket", socks[max(r for r in range(n) if r != victim)])
@@ -132,6 +137,9 @@ def test_sigstopped_rank_named_from_two_hosts(job, n, tmp_path):
     assert f"rank {victim:>4} pid {procs[victim].pid} on " in b.stdout and "UNREACHABLE" in b.stdout
     assert f"unreachable ranks (stopped, frozen or cut off): {victim}" in b.stdout
     assert f"to blame: {victim}" in b.stdout
+    assert f"other hosts: tcp x{n // 2} [{n // 2} up ({n // 2} with 1 lane)]" in b.stdout
+    if n > 2:
+        assert f"links: same host: tcp x{n // 2 - 1} [{n // 2 - 1} up ({n // 2 - 1} with 1 lane)]; " in b.stdout
     if n == 4:  # the gathered flight records: the stopped rank gives none and is blamed
         d = tool("--job", "--json", "--dump", str(tmp_path / "dumps"), "--socket", socks[0])
         (res,) = json.loads(d.stdout)["dumps"]
@@ -387,3 +395,185 @@ def _forked_view(rank, size):
         states = [e["state"] for e in v["ranks"]]
     comm.barrier()
     return ep["addr"], states
+
+
+# --- links, and requests served side by side ---------------------------------------------------------------
+
+
+def links_rank(rank, size, folder):
+    """Lazy tcp pairs of 2 lanes on two faked hosts; only ranks 0 and 1 exchange a message; then wait."""
+    import numpy as np
+
+    import harp
+
+    os.environ["HARP_HOSTID"] = "hostA" if rank < size // 2 else "hostB"
+    comm = harp.init(timeout=120)
+    x = np.ones(16, np.float32)
+    if rank == 0:
+        comm.send(x, 1)
+    elif rank == 1:
+        comm.recv(x, 0)
+    open(os.path.join(folder, f"ready.{rank}"), "w").close()
+    while not os.path.exists(os.path.join(folder, "stop")):
+        time.sleep(0.1)
+    comm.destroy()
+
+
+def test_links_per_rank_lanes_and_lazy_pairs(tmp_path):
+    """Every entry names its links: per peer class (faked hosts) and transport, the tcp pairs that are up with
+    their lanes (HARP_SOCKET_NSTREAMS=2) and, with lazy set-up, the pairs not connected yet."""
+    sdir = tmp_path / "status"
+    sdir.mkdir(mode=0o700)
+    env = {"HARP_STATUS_DIR": str(sdir), "HARP_TRANSPORT": "tcp", "HARP_SOCKET_CONNECT": "lazy",
+           "HARP_SOCKET_NSTREAMS": "2"}
+    procs, q = harness.start_ranks(4, links_rank, str(tmp_path), env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(os.path.exists(tmp_path / f"ready.{r}") for r in range(4)) < 4:
+            assert time.monotonic() < deadline, "ranks not ready in 60 s"
+            time.sleep(0.2)
+        socks = {r: str(sdir / f"{p.pid}.sock") for r, p in enumerate(procs)}
+        (ep,), _ = status.job_endpoints([socks[0]])
+        _check_links(ep, socks)
+    finally:
+        (tmp_path / "stop").touch()
+        harness.collect(procs, q, timeout=60)
+
+
+def _check_links(ep, socks):
+    v = status.job_view(ep["addr"], ep["comm"], bytes.fromhex(ep["key"]), 4)
+    links = {e["rank"]: {g["peers"]: g for g in e["links"]} for e in v["ranks"]}
+    # Ranks 0 and 1 (hostA) exchanged a message: their pair is up with 2 lanes; nobody talked across hosts.
+    for r in (0, 1):
+        same, other = links[r]["same host"], links[r]["other hosts"]
+        got = [(g["transport"], g["n"], g["up"], g["not_connected"], g["lanes"]) for g in (same, other)]
+        assert got == [("tcp", 1, 1, 0, {"2": 1}), ("tcp", 2, 0, 2, {})], (r, links[r])
+    for r in (2, 3):
+        assert links[r]["same host"]["not_connected"] == 1 and links[r]["other hosts"]["not_connected"] == 2
+        assert all(g["failed"] == 0 and g["up"] == 0 for g in links[r].values())
+    text = tool("--job", "--socket", socks[0]).stdout
+    assert "links: same host: tcp x1 [1 up (1 with 2 lanes)]; other hosts: tcp x2 [0 up; 2 not connected yet]" in text
+    assert ("links: same host: tcp x1 [0 up; 1 not connected yet]; other hosts: tcp x2 [0 up; 2 not connected yet]"
+            in text)
+
+
+def _silent(addr, hello=b""):
+    """A connection that sends `hello` (nothing, or part of one) and then nothing more, held open."""
+    s = socket.create_connection(status._hostport(addr), timeout=5)
+    if hello:
+        s.sendall(hello)
+    return s
+
+
+def _open(s):
+    """True while the rank keeps the connection open (nothing to read, no EOF)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def slow_job(job):
+    """4 ranks whose handshake deadline is long (HARP_JOBVIEW_HOP_S=2: a rank waits 4 s for a client's
+    handshake, a parent 2 s for a child's): one connection served at a time would hold every other for that
+    long, past the deadlines the tests give."""
+    return job(4, extra={"HARP_JOBVIEW_HOP_S": "2"})
+
+
+def test_silent_connections_do_not_delay_an_honest_view(slow_job):
+    procs, socks, ep = slow_job
+    key = bytes.fromhex(ep["key"])
+    # Unauthenticated clients that connect and send nothing, or half a hello, and stay.
+    silent = [_silent(ep["addr"]) for _ in range(6)] + [_silent(ep["addr"], b"HJV1\x00")]
+    try:
+        time.sleep(0.2)
+        t = time.monotonic()
+        # The honest tool's handshake must finish in 2 s (job_request's hop), under the 4 s each silent one
+        # may hold the rank's handshake.
+        v = status.job_view(ep["addr"], ep["comm"], key, 4, timeout=3.0)
+        took = time.monotonic() - t
+        assert [e["state"] for e in v["ranks"]] == ["ok"] * 4, (took, v["ranks"])
+        assert all(_open(s) for s in silent)  # they were still held, not refused
+        # The command, from another rank's socket, while fresh silent connections are held at rank 1.
+        addr1 = json.loads(status.job_request(ep["addr"], ep["comm"], key, "ADDRS", 1 << 20))["addrs"][1]
+        silent += [_silent(addr1) for _ in range(4)]
+        r = tool("--job", "--json", "--socket", socks[1])
+        assert r.returncode == 0, r.stderr
+        assert [e["state"] for e in json.loads(r.stdout)["comms"][0]["ranks"]] == ["ok"] * 4
+        assert all(_open(s) for s in silent[-4:]) or time.monotonic() - t > 3.5  # held unless past their deadline
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_handshakes_waiting_are_bounded_oldest_dropped(slow_job):
+    procs, socks, ep = slow_job
+    silent = [_silent(ep["addr"]) for _ in range(70)]  # more than the 64 handshakes a rank keeps waiting
+    try:
+        time.sleep(0.5)
+        v = status.job_view(ep["addr"], ep["comm"], bytes.fromhex(ep["key"]), 4, timeout=3.0)
+        assert [e["state"] for e in v["ranks"]] == ["ok"] * 4
+        held = [_open(s) for s in silent]
+        # The first ones made room (closed by the rank, 7 of them with the honest client's); the newest stay.
+        assert not any(held[:6]) and all(held[-50:]), held
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_two_views_at_once_both_answered(slow_job):
+    """Two tools at once, each rooted at another rank, while one rank is stopped: each view waits 2 s for the
+    stopped rank's handshake, so each root is serving its own view when the other's fan-out hop arrives. Both
+    are answered, every live rank "ok" in both (a rank serving one view at a time would be unreachable in the
+    other)."""
+    import threading
+
+    procs, socks, ep = slow_job
+    key = bytes.fromhex(ep["key"])
+    os.kill(procs[3].pid, signal.SIGSTOP)
+    addrs = json.loads(status.job_request(ep["addr"], ep["comm"], key, "ADDRS", 1 << 20))["addrs"]
+    out = {}
+
+    def view(r):
+        t = time.monotonic()
+        out[r] = (status.job_view(addrs[r], ep["comm"], key, 4, timeout=6.0), time.monotonic() - t)
+
+    ts = [threading.Thread(target=view, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    for r in (0, 1):
+        v, took = out[r]
+        assert [e["state"] for e in v["ranks"]] == ["ok", "ok", "ok", "unreachable"], (r, took, v["ranks"])
+        assert v["analysis"]["blame"] == [3]
+
+
+def test_sessions_at_once_are_bounded(slow_job):
+    """More requests at once than a rank serves (8): each waits 2 s on the stopped rank, so they overlap; the
+    ones over the bound get "busy" at once, the others their answer."""
+    import threading
+
+    procs, socks, ep = slow_job
+    key = bytes.fromhex(ep["key"])
+    os.kill(procs[3].pid, signal.SIGSTOP)
+    got = []
+
+    def ask():
+        t = time.monotonic()
+        a = status.job_request(ep["addr"], ep["comm"], key, "STATUS -1 0 4 5000", 4 * status.ENTRY_CAP + 64, 8.0)
+        got.append((a, time.monotonic() - t))
+
+    ts = [threading.Thread(target=ask) for _ in range(11)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    busy = [a for a, _ in got if a.startswith(b'{"error":"busy')]
+    full = [json.loads(b"[" + a + b"]") for a, _ in got if not a.startswith(b'{"error"')]
+    assert len(got) == 11 and len(busy) == 3 and len(full) == 8, [a[:80] for a, _ in got]
+    assert all([e["state"] for e in f] == ["ok", "ok", "ok", "unreachable"] for f in full)

@@ -23,6 +23,9 @@
 #include "transport/transport.h"
 
 namespace harp::transport {
+
+const Transport::Capability LinkStatus::kCapability{"link status"};
+
 namespace {
 // The optional transports, in the order they are listed after the built-ins.
 constexpr const char* kModules[] = {"verbs", "dpdk"};

@@ -71,7 +71,9 @@ struct Request {
   // order) until Transport::flush(), its next unhinted send on that pair, a
   // wait() that lasts over a millisecond, or kMaxLazyHeld lazy sends on one
   // connection (tcp: copies it and completes the request at once, then
-  // writes the held frames in one sendmsg).
+  // writes the held frames in one sendmsg; it still holds one on a pair
+  // whose receive side failed on a collective mismatch, written ahead of
+  // the abort notice: the failing rank's deferred descriptors).
   // Receive: nobody waits for it now; progress() may leave its bytes in the
   // kernel while only lazy receives are posted on the pair, but wait() still
   // reads them (tcp). The caller clears it before it waits for the request.
@@ -184,6 +186,24 @@ class Transport {
     const char* name;  // for messages and logs only
   };
   virtual void* capability(const Capability& /*which*/) { return nullptr; }
+};
+
+// A capability any transport may offer (tcp does): how this rank is connected
+// to a peer, for the status tools (the job view, core/observe/jobview.h).
+// Unlike the others it is asked from any thread (the observer's) once
+// connect() returned, while the executing thread drives the transport, so an
+// implementation reads only what is atomic or fixed after connect().
+struct LinkStatus {
+  static const Transport::Capability kCapability;
+  enum State : int { kUp = 0, kNotYet = 1, kFailed = 2 };  // kNotYet: lazy set-up, not connected yet
+  struct Link {
+    State state = kUp;
+    int lanes = 1;  // connections to the peer (tcp: lanes), open or (kNotYet) to be opened
+  };
+  virtual Link link(int peer) const = 0;
+
+ protected:
+  ~LinkStatus() = default;
 };
 
 // Typed accessor for Transport::capability (t may be nullptr).

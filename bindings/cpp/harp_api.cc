@@ -18,7 +18,7 @@ namespace harp::api {
 
 // The public enums mirror base/vocab.def value for value; a vocabulary entry
 // missing here, or numbered differently, stops the build.
-#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv)                \
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch)                \
   static_assert(static_cast<int>(DataType::e) == (value) && static_cast<int>(::harp::DataType::e) == (value), \
                 "include/harp/harp.h: DataType::" #e " differs from base/vocab.def");
 #define HARP_REDOP(name, e, value, py, nccl, ncclv)                     \

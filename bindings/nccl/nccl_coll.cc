@@ -99,8 +99,7 @@ ncclResult_t check(const Op& o) {
                                              " was created for another datatype");
     }
   }
-  bool rooted = o.coll == CollType::kBroadcast || o.coll == CollType::kReduce;
-  if (rooted && (o.root < 0 || o.root >= o.c->nranks))
+  if (collRooted(o.coll) && (o.root < 0 || o.root >= o.c->nranks))
     return fail(ncclInvalidArgument, fn + ": root " + std::to_string(o.root) + " is out of range for " +
                                          std::to_string(o.c->nranks) + " ranks");
   bool p2p = o.coll == CollType::kSend || o.coll == CollType::kRecv;
@@ -118,8 +117,10 @@ ncclResult_t check(const Op& o) {
     return fail(ncclInvalidArgument, fn + ": count " + std::to_string(o.count) + " x " + std::to_string(es) +
                                          " bytes overflows the address space");
   if (o.count > 0) {
-    bool needs_send = o.coll != CollType::kRecv && !(o.coll == CollType::kBroadcast && o.root != o.c->rank);
-    bool needs_recv = o.coll != CollType::kSend && !(o.coll == CollType::kReduce && o.root != o.c->rank);
+    // The buffers this rank's part uses (vocab.def's byte rule; NCCL's broadcast root passes both).
+    const bool at_root = o.root == o.c->rank;
+    bool needs_send = bufferBlocks(collSend(o.coll), 1, at_root) > 0;
+    bool needs_recv = bufferBlocks(collRecv(o.coll), 1, at_root) > 0;
     if (needs_send && !o.send) return fail(ncclInvalidArgument, fn + ": send buffer is NULL");
     if (needs_recv && !o.recv) return fail(ncclInvalidArgument, fn + ": receive buffer is NULL");
   }
@@ -135,25 +136,13 @@ struct Use {
 
 void usesOf(const Op& o, std::vector<Use>& u) {
   const size_t es = ncclTypeSize(o.dt), n = o.count * es, p = o.c->nranks;
+  const bool at_root = o.root == o.c->rank;
   auto add = [&](const void* ptr, size_t bytes, bool in, bool out) {
     if (ptr && bytes) u.push_back({static_cast<const char*>(ptr), bytes, in, out});
   };
-  switch (o.coll) {
-    case CollType::kAllreduce: add(o.send, n, true, false); add(o.recv, n, false, true); break;
-    case CollType::kBroadcast:
-      if (o.root == o.c->rank) add(o.send, n, true, false);
-      add(o.recv, n, false, true);
-      break;
-    case CollType::kReduce:
-      add(o.send, n, true, false);
-      if (o.root == o.c->rank) add(o.recv, n, false, true);
-      break;
-    case CollType::kAllgather: add(o.send, n, true, false); add(o.recv, n * p, false, true); break;
-    case CollType::kReduceScatter: add(o.send, n * p, true, false); add(o.recv, n, false, true); break;
-    case CollType::kSend: add(o.send, n, true, false); break;
-    case CollType::kRecv: add(o.recv, n, false, true); break;
-    default: break;
-  }
+  // vocab.def's byte rule: each buffer's blocks of `count` on this rank (0 where unused).
+  add(o.send, n * bufferBlocks(collSend(o.coll), p, at_root), true, false);
+  add(o.recv, n * bufferBlocks(collRecv(o.coll), p, at_root), false, true);
 }
 
 // Memory safety: host buffers the kernel says are unmapped (or read-only
@@ -307,10 +296,11 @@ std::shared_ptr<Job> buildJob(ncclCommImpl* c, const std::vector<Op>& ops, bool*
     a.dtype = toDtype(o.dt);
     a.op = toOp(o.op);
     a.root = o.root;
-    if (o.coll == CollType::kBroadcast && o.root != c->rank) a.sendbuf = nullptr;
-    if (o.coll == CollType::kReduce && o.root != c->rank) a.recvbuf = nullptr;  // unused off the root
+    // A buffer the byte rule leaves unused on this rank (broadcast's send, reduce's receive off the root).
+    if (!bufferBlocks(collSend(o.coll), 1, o.root == c->rank)) a.sendbuf = nullptr;
+    if (!bufferBlocks(collRecv(o.coll), 1, o.root == c->rank)) a.recvbuf = nullptr;
     if (collReduces(o.coll) && static_cast<int>(o.op) >= ncclNumOps) {
-      size_t n = o.count * (o.coll == CollType::kReduceScatter ? c->nranks : 1);
+      size_t n = o.count * bufferBlocks(collSend(o.coll), c->nranks, true);  // the send buffer's elements
       j->temps.emplace_back(new char[std::max<size_t>(n * es, 1)]);
       Prescale ps{a.sendbuf, j->temps.back().get(), n, o.dt, c->redops[o.op - ncclNumOps]};
       j->prescale.push_back(ps);

@@ -29,6 +29,9 @@ void Communicator::attachRecorder() {
   id.timeout_s = timeout_s_;
   id.secret = token_, id.bind_host = commInfo().bind_hint;  // the job view (core/observe/jobview.h)
   recorder_ = std::make_shared<obs::Recorder>(std::move(id), static_cast<size_t>(n), store_);
+  std::vector<char> same_host(size_);  // the job view's links, by peer class
+  for (int p = 0; p < size_; ++p) same_host[p] = peers_[p].host_id == peers_[rank_].host_id;
+  recorder_->setLinks(res_.transport_of, std::move(same_host));
   res_.recorder = recorder_.get();
   obs::registerRecorder(recorder_);
   // Waits below core/ (transport/shm's own allreduce loop) warn through this.
@@ -41,6 +44,7 @@ void Communicator::attachRecorder() {
 void Communicator::retireRecorder() {
   if (!recorder_) return;
   stall::set(comm_id_, rank_, 0, nullptr);
+  recorder_->setLinks({}, {});  // before the transports go (a job-view request may be reading them)
   obs::retireRecorder(recorder_.get());
   recorder_->detachStore();
 }

@@ -3,6 +3,7 @@
 // anything is sent, so an InvalidArgument names the argument and leaves the
 // communicator usable. The messages are part of the interface (tests match them).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -22,24 +23,52 @@ std::string span(const void* p, size_t n) {
   return b;
 }
 
+// Each collective's byte and in-place rules (vocab.def, base/types.h) as a table made at compile
+// time, so a call reads two bytes instead of walking the accessors: blocks of `count` each
+// buffer holds on the root ([1]) and elsewhere ([0]), as 0, 1 or kP (p blocks).
+constexpr uint8_t kP = 2;
+struct BufShape {
+  uint8_t send[2], recv[2];
+  InPlaceRule rule;
+};
+constexpr std::array<BufShape, kNumCollTypes> kShapes = [] {
+  std::array<BufShape, kNumCollTypes> t{};
+  for (int i = 0; i < kNumCollTypes; ++i) {
+    const auto c = static_cast<CollType>(i);
+    for (int r = 0; r < 2; ++r) {
+      t[i].send[r] = static_cast<uint8_t>(bufferBlocks(collSend(c), kP, r));
+      t[i].recv[r] = static_cast<uint8_t>(bufferBlocks(collRecv(c), kP, r));
+    }
+    t[i].rule = collInPlace(c);
+  }
+  return t;
+}();
+static_assert(kShapes[static_cast<int>(CollType::kReduceScatter)].send[0] == kP &&
+              kShapes[static_cast<int>(CollType::kGather)].recv[0] == 0);
+// Bytes of a buffer of `blocks` (kShapes) blocks of `blk` bytes at p ranks.
+inline size_t shapeBytes(uint8_t blocks, size_t blk, size_t p) { return blocks == kP ? blk * p : blk * blocks; }
+
 // Send and receive ranges of one collective must be disjoint, or the receive
-// range must start exactly where the algorithms support in-place operation:
-// at the send buffer (`same`), or at block `r` of a p-block send buffer
-// (`block`, reduce_scatter / scatter: NCCL's in-place position). `any`:
-// the algorithm copes with every overlap (allgather, gather, broadcast stage
-// or move their input first).
-enum class Alias { kSame, kBlock, kAny };
-void checkOverlap(const char* name, const void* send, size_t sbytes, const void* recv, size_t rbytes, Alias ok,
-                  size_t blk, int r) {
-  if (!send || !recv || !sbytes || !rbytes || ok == Alias::kAny) return;
-  auto s = reinterpret_cast<uintptr_t>(send), d = reinterpret_cast<uintptr_t>(recv);
-  if (s + sbytes <= d || d + rbytes <= s) return;  // disjoint
-  if (ok == Alias::kSame && s == d) return;
-  if (ok == Alias::kBlock && d == s + static_cast<uintptr_t>(r) * blk) return;
+// range must start exactly where the collective's in-place rule (vocab.def's
+// inplace column, collInPlace) puts it: at the send buffer (`same`), or at
+// block `r` of a p-block send buffer (`block`, reduce_scatter / scatter:
+// NCCL's in-place position). `any` and `alone`: the algorithms cope with every
+// overlap (allgather, gather, broadcast stage or move their input first).
+[[noreturn, gnu::cold, gnu::noinline]] void overlapRefused(const char* name, const void* send, size_t sbytes,
+                                                           const void* recv, size_t rbytes, InPlaceRule ok) {
   throw InvalidArgument(std::string(name) + ": the send buffer " + span(send, sbytes) + " and the receive buffer " +
                         span(recv, rbytes) + " partially overlap; pass " +
-                        (ok == Alias::kSame ? "the same buffer" : "the receive buffer at this rank's block of the send buffer") +
+                        (ok == InPlaceRule::same ? "the same buffer" : "the receive buffer at this rank's block of the send buffer") +
                         " for in-place operation, or separate buffers");
+}
+inline void checkOverlap(const char* name, const void* send, size_t sbytes, const void* recv, size_t rbytes,
+                         InPlaceRule ok, size_t blk, int r) {
+  if (!send || !recv || !sbytes || !rbytes || (ok != InPlaceRule::same && ok != InPlaceRule::block)) return;
+  auto s = reinterpret_cast<uintptr_t>(send), d = reinterpret_cast<uintptr_t>(recv);
+  if (s + sbytes <= d || d + rbytes <= s) return;  // disjoint
+  if (ok == InPlaceRule::same && s == d) return;
+  if (ok == InPlaceRule::block && d == s + static_cast<uintptr_t>(r) * blk) return;
+  overlapRefused(name, send, sbytes, recv, rbytes, ok);
 }
 
 // allreduce_coalesced: each piece's buffers present and within size_t, send
@@ -58,7 +87,8 @@ size_t checkPieces(const std::vector<BufPiece>& pieces, DataType dt, int ranks) 
     if (b.count == 0) continue;
     if (!b.send) throw InvalidArgument(name + ": send buffer is null");
     if (!b.recv) throw InvalidArgument(name + ": receive buffer is null");
-    checkOverlap(name.c_str(), b.send, b.count * es, b.recv, b.count * es, Alias::kSame, 0, 0);
+    checkOverlap(name.c_str(), b.send, b.count * es, b.recv, b.count * es, collInPlace(CollType::kAllreduceCoalesced),
+                 0, 0);
     spans.push_back({reinterpret_cast<uintptr_t>(b.recv), i});
   }
   // Receive buffers pairwise disjoint (sorted by start, each ends before the next begins).
@@ -130,11 +160,13 @@ void Communicator::validate(const CollArgs& a) const {
   }
   if (a.coll == CollType::kBarrier) return;
   if (a.count > 0 || vcounts) {
-    bool needs_send = a.coll != CollType::kRecv && !(a.coll == CollType::kScatter && a.root != rank_) &&
-                      a.coll != CollType::kBroadcast;
-    bool needs_recv = a.coll != CollType::kSend && !(a.coll == CollType::kReduce && a.root != rank_) &&
-                      !(a.coll == CollType::kGather && a.root != rank_);
-    if (a.coll == CollType::kBroadcast && !a.recvbuf) throw InvalidArgument("broadcast: buffer is null");
+    // The buffers this rank's part of the call uses (the byte rule, vocab.def's send and recv
+    // columns); `alone`: the receive buffer alone is the call in place (broadcast).
+    const BufShape& sh = kShapes[static_cast<int>(a.coll)];
+    const bool at_root = a.root == rank_;
+    bool needs_send = sh.send[at_root] && sh.rule != InPlaceRule::alone;
+    bool needs_recv = sh.recv[at_root];
+    if (sh.rule == InPlaceRule::alone && !a.recvbuf) throw InvalidArgument(std::string(name) + ": buffer is null");
     if (vcounts) {
       size_t s = std::accumulate(a.sendcounts.begin(), a.sendcounts.end(), size_t{0});
       size_t r = std::accumulate(a.recvcounts.begin(), a.recvcounts.end(), size_t{0});
@@ -157,24 +189,14 @@ void Communicator::checkBuffers(const CollArgs& a) const {
   if (a.count > SIZE_MAX / es / p)
     throw InvalidArgument(std::string(name) + ": count " + std::to_string(a.count) + " of " + dtypeName(a.dtype) +
                           " is too large");
-  const size_t blk = a.count * es, all = blk * p;
-  const bool root = a.root == rank_;
-  switch (a.coll) {
-    case CollType::kAllreduce:
-      return checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
-    case CollType::kReduce:
-      if (root) checkOverlap(name, a.sendbuf, blk, a.recvbuf, blk, Alias::kSame, 0, 0);
-      return;
-    case CollType::kAlltoall:
-      return checkOverlap(name, a.sendbuf, all, a.recvbuf, all, Alias::kSame, 0, 0);
-    case CollType::kReduceScatter:
-      return checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
-    case CollType::kScatter:
-      if (root) checkOverlap(name, a.sendbuf, all, a.recvbuf, blk, Alias::kBlock, blk, rank_);
-      return;
-    default:
-      return;
-  }
+  // Where the buffers may overlap (the in-place rule) and the bytes each holds on this rank (the
+  // byte rule): vocab.def's inplace, send and recv columns. Only `same` and `block` refuse overlaps.
+  const BufShape& sh = kShapes[static_cast<int>(a.coll)];
+  if (sh.rule != InPlaceRule::same && sh.rule != InPlaceRule::block) return;
+  const size_t blk = a.count * es;
+  const bool at_root = a.root == rank_;
+  checkOverlap(name, a.sendbuf, shapeBytes(sh.send[at_root], blk, p), a.recvbuf, shapeBytes(sh.recv[at_root], blk, p),
+               sh.rule, blk, rank_);
 }
 
 }  // namespace harp

@@ -82,30 +82,11 @@ class Pickle {
   std::string out_;
 };
 
-// torch's names: profiling_name "nccl:<op>", dtypes as c10 ScalarType names.
-const char* torchOp(CollType c) {
-  switch (c) {
-    case CollType::kAllreduce: return "all_reduce";
-    case CollType::kBroadcast: return "broadcast";
-    case CollType::kReduce: return "reduce";
-    case CollType::kAllgather: return "all_gather";
-    case CollType::kReduceScatter: return "reduce_scatter";
-    case CollType::kAlltoall: return "all_to_all";
-    case CollType::kAlltoallv: return "all_to_all";
-    case CollType::kGather: return "gather";
-    case CollType::kScatter: return "scatter";
-    case CollType::kBarrier: return "barrier";
-    case CollType::kSend: return "send";
-    case CollType::kRecv: return "recv";
-    case CollType::kAllreduceCoalesced: return "allreduce_coalesced";  // ProcessGroupNCCL's title
-    default: return "coalesced";
-  }
-}
-
+// torch's names: profiling_name "nccl:<op>" and dtypes as c10 ScalarType names, both from
+// vocab.def's torch columns (collTorchName, dtypeTorchName).
 const char* torchDtype(uint8_t d) {
-  static const char* names[] = {"Char", "Byte", "Int", "UInt32", "Long", "UInt64",
-                                "Half", "BFloat16", "Float", "Double", "Bool"};
-  return d < sizeof names / sizeof *names ? names[d] : "Byte";
+  const char* name = dtypeTorchName(static_cast<DataType>(d));  // vocab.def's torch column
+  return *name ? name : "Byte";
 }
 
 std::string pgName(const Recorder& r) {
@@ -132,13 +113,17 @@ void entry(Pickle& p, const Recorder& r, int pg_index, uint64_t id_base, const O
   const auto c = static_cast<CollType>(s.coll);
   const int me = r.identity().rank, n = r.identity().size;
   const std::string name = pgName(r);
-  std::string prof = std::string("nccl:") + torchOp(c);
+  std::string prof = std::string("nccl:") + collTorchName(c);
   if (c == CollType::kSend) prof += " " + std::to_string(me) + "->" + std::to_string(s.peer);
   if (c == CollType::kRecv) prof += " " + std::to_string(me) + "<-" + std::to_string(s.peer);
-  uint64_t in = s.count, out = s.count;
-  if (c == CollType::kAllgather || c == CollType::kGather) out = s.count * n;
-  if (c == CollType::kReduceScatter || c == CollType::kScatter) in = s.count * n;
-  if (c == CollType::kAlltoall) in = out = s.count * n;
+  // Input and output sizes as torch records them: the byte rule (vocab.def) at the root's view
+  // (torch lists a rooted call's shapes alike on every rank), and the call's one tensor on the
+  // side that has no buffer or a listed one (send, recv, barrier, alltoallv, the coalesced ones).
+  auto elems = [&](Extent x) {
+    const size_t k = bufferBlocks(x, static_cast<size_t>(n), true);
+    return k ? s.count * k : s.count;
+  };
+  const uint64_t in = elems(collSend(c)), out = elems(collRecv(c));
   p.dict();
   p.kint("record_id", static_cast<int64_t>(id_base + s.id));
   p.kint("pg_id", pg_index);

@@ -36,16 +36,36 @@
 //   DUMP    this process's flight record (fr_dump.cc's pickle bytes)
 // A malformed request from an authenticated client gets {"error": "..."}.
 //
-// Threading: serve() runs on the process's observer thread (observer.cc),
-// never on a thread that runs collectives; children are asked from short-lived
-// threads it starts and joins within the request's budget. One request at a
-// time per process. join() runs on the creating thread of each communicator.
-// Cost when idle: none (no timer, no traffic; the listener is polled by the
-// observer thread's existing poll(2)).
+// Threading: the handshakes run on the process's observer thread (observer.cc),
+// never on a thread that runs collectives, and never block it: each
+// connection's socket is stepped when poll(2) says it is ready (non-blocking
+// reads and writes), dropped at its deadline, and at most kMaxPending (64)
+// wait at once: a new connection then drops the oldest, so clients that
+// connect and send nothing cannot hold back an honest one (whose handshake is
+// one round trip). A request whose client proved the key runs on a session
+// thread of its own ("harp-jobview", detached, ends by the request's budget +
+// 5 s), at most kMaxSessions (8) at once (one more is answered
+// {"error":"busy..."}; a parent names such a child "busy"), so two tools, or a
+// fan-out hop that arrives while the process serves another request, are
+// answered side by side. A session holds its request's answer: at most
+// (hi - lo) x kEntryCap bytes (STATUS) or one flight record (DUMP).
+// Children are asked from short-lived threads a session starts and joins
+// within the request's budget. join() runs on the creating thread of each
+// communicator. Cost when idle: none (no timer, no traffic; the listener is
+// polled by the observer thread's existing poll(2), with no timeout while no
+// handshake is pending).
+//
+// Links: each entry's "links" groups the rank's peers by class (same host,
+// other hosts) and transport, and where the transport reports its connections
+// (transport::LinkStatus, tcp) how many are up with how many lanes, not
+// connected yet (lazy set-up, HARP_SOCKET_CONNECT) or failed.
 #pragma once
+
+#include <poll.h>
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/observe/recorder.h"
 
@@ -64,14 +84,21 @@ void join(Recorder& r);
 // The listener's fd (-1: none yet or off). The observer thread polls it.
 int listenFd();
 
-// fork(): observer.cc's pthread_atfork handlers call these; the child starts
-// without a listener (its first communicator opens its own).
+// fork(): observer.cc's pthread_atfork handlers call these (prepare before it
+// takes the list of recorders' lock: the observer thread takes the job view's
+// lock, then that one); the child starts without a listener, connections or
+// sessions (its first communicator opens its own listener).
 void atforkPrepare();
 void atforkParent();
 void atforkChild();
 
-// Observer thread: accept one connection and answer it (bounded, deadlines).
-void serve(int listen_fd);
+// Observer thread, around its poll(2): pollSet appends the connections in
+// their handshake to *p and returns the timeout their deadlines need (ms; -1:
+// none, so an idle process sleeps); serve then steps the ones ready (ready[i]
+// is what pollSet appended, after poll), drops those past their deadline and,
+// when readable, accepts new ones. Never blocks.
+int pollSet(std::vector<pollfd>* p);
+void serve(int listen_fd, bool readable, const pollfd* ready, size_t n);
 
 // For the local status socket's JOBVIEW request (same user only):
 // {"endpoints": [{"comm", "rank", "size", "addr", "key"}]}, key = K in hex.

@@ -116,8 +116,10 @@ void onSigusr1(int) {
 }
 
 void atforkPrepare() {
-  state().mu.lock();
+  // The job view's locks first: its handshakes look up recorders (state().mu)
+  // while holding its own, so this is the one order both ways take.
   jobview::atforkPrepare();
+  state().mu.lock();
 }
 void atforkParent() {
   jobview::atforkParent();
@@ -285,12 +287,16 @@ void answer(int cfd) {
 
 void observerLoop(int sig_rd, int listen_fd) {
   env::nameThread("harp-observer");
+  std::vector<pollfd> p;
   for (;;) {
     // The job-view listener opens with the first communicator that joins it
     // (jobview::join wakes this poll with a 'j' on the pipe).
+    // After the three: the job view's connections in their handshake, and
+    // their nearest deadline as the timeout (none: -1, asleep until a wake-up).
     const int jv_fd = jobview::listenFd();
-    pollfd p[3] = {{sig_rd, POLLIN, 0}, {jv_fd, POLLIN, 0}, {listen_fd, POLLIN, 0}};
-    int rc = ::poll(p, listen_fd >= 0 ? 3 : 2, -1);  // a negative fd is skipped
+    p.assign({{sig_rd, POLLIN, 0}, {jv_fd, POLLIN, 0}, {listen_fd, POLLIN, 0}});  // a negative fd is skipped
+    const int timeout_ms = jobview::pollSet(&p);
+    int rc = ::poll(p.data(), p.size(), timeout_ms);
     if (rc < 0 && errno != EINTR) return;
     if (p[0].revents & POLLIN) {
       char buf[64];
@@ -303,7 +309,7 @@ void observerLoop(int sig_rd, int listen_fd) {
         else HARP_WARN("flight record (SIGUSR1) written to %s", path.c_str());
       }
     }
-    if (jv_fd >= 0 && (p[1].revents & POLLIN)) jobview::serve(jv_fd);
+    if (rc >= 0) jobview::serve(jv_fd, jv_fd >= 0 && (p[1].revents & POLLIN), p.data() + 3, p.size() - 3);
     if (listen_fd >= 0 && (p[2].revents & POLLIN)) {
       int cfd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (cfd >= 0) {

@@ -247,6 +247,12 @@ void Recorder::setJobAddrs(std::vector<std::string> a) {
   job_addrs_ = std::move(a);
 }
 
+void Recorder::setLinks(std::vector<transport::Transport*> of, std::vector<char> same_host) {
+  std::lock_guard<std::mutex> g(links_mu_);
+  links_of_ = std::move(of);
+  links_local_ = std::move(same_host);
+}
+
 std::vector<std::string> Recorder::jobAddrs() const {
   std::lock_guard<std::mutex> g(mu_);
   return job_addrs_;

@@ -62,6 +62,9 @@ namespace harp {
 struct Algorithm;
 struct CollArgs;
 class Store;
+namespace transport {
+class Transport;
+}
 
 namespace obs {
 
@@ -191,6 +194,18 @@ class Recorder {
   void setJobAddrs(std::vector<std::string> a);
   std::vector<std::string> jobAddrs() const;
 
+  // The job view's links: by peer rank, the transport serving it (nullptr:
+  // this rank) and whether the peer shares this rank's host. Set at creation;
+  // cleared (empty vectors) by destroy() before its transports go, so
+  // withLinks(f), which runs f(transport_of, same_host) under the lock that
+  // clearing takes, never sees a transport that is gone.
+  void setLinks(std::vector<transport::Transport*> of, std::vector<char> same_host);
+  template <class F>
+  void withLinks(F&& f) const {
+    std::lock_guard<std::mutex> g(links_mu_);
+    f(links_of_, links_local_);
+  }
+
   // Dumps on every rank at the moment one fails (like torch's dump-on-timeout
   // signal through the store): the failing rank writes its own dump and sets
   // a key; every rank's publisher thread finds it within HARP_OBS_PUBLISH_S
@@ -231,6 +246,9 @@ class Recorder {
   std::string stall_view_;
   std::string last_published_;
   std::vector<std::string> job_addrs_;
+  mutable std::mutex links_mu_;  // the two below (not mu_: the transports are asked under it)
+  std::vector<transport::Transport*> links_of_;
+  std::vector<char> links_local_;
   std::atomic<bool> dumped_{false};
 };
 

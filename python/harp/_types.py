@@ -2,37 +2,81 @@
 
 The one list is base/vocab.def. The C++ enums are built from it, and so is the
 table the compiled module hands over (``_harp.vocab()``, bindings/python_module.cc):
-DataType, ReduceOp, Coll, ITEMSIZE, the numpy mapping and the name aliases below are
-made from that table when harp is imported, so a datatype, op or collective added to
-vocab.def needs no edit here. The integer values are part of the binding ABI.
+DataType, ReduceOp, Coll, ITEMSIZE, COLL_TRAITS, the numpy mapping and the name aliases
+below are made from that table when harp is imported, so a datatype, op or collective
+added to vocab.def needs no edit here. The integer values are part of the binding ABI.
+
+COLL_TRAITS[coll] holds a collective's traits as vocab.def's HARP_COLL line declares
+them (its header explains each): reduces, rooted, vcounts, the byte rule (send, recv:
+what one rank's buffers hold for count c at p ranks, see buffer_elems), the in-place
+rule and torch's name for it. Python reads them here, never re-derives them.
 """
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import numpy as np
 
 from . import _harp
 
 
+class CollTraits(NamedTuple):
+    """One HARP_COLL line of base/vocab.def, after its name and value."""
+    reduces: bool
+    rooted: bool
+    vcounts: bool
+    send: str     # byte rule of the send buffer: none, count, count_p, root_count, root_count_p, listed
+    recv: str     # the same for the receive buffer
+    inplace: str  # none, same, block, any, alone, unchecked
+    torch: str    # torch's name ("nccl:<torch>" in its flight record and profiler)
+
+
 def _classes(vocab: dict):
-    """(DataType, ReduceOp, Coll, ITEMSIZE, numpy dtype -> DataType, op names, dtype aliases) from
-    `vocab`, a table shaped like _harp.vocab()'s."""
-    dt = enum.IntEnum("DataType", [(n, v) for n, v, _, _ in vocab["dtypes"]], module=__name__, qualname="DataType")
+    """(DataType, ReduceOp, Coll, ITEMSIZE, numpy dtype -> DataType, op names, dtype aliases,
+    COLL_TRAITS) from `vocab`, a table shaped like _harp.vocab()'s."""
+    dt = enum.IntEnum("DataType", [(n, v) for n, v, *_ in vocab["dtypes"]], module=__name__, qualname="DataType")
     op = enum.IntEnum("ReduceOp", [(p, v) for _, v, p in vocab["ops"]], module=__name__, qualname="ReduceOp")
     coll = enum.IntEnum("Coll", [(n, v) for n, v, *_ in vocab["colls"]], module=__name__, qualname="Coll")
-    itemsize = {dt[n]: size for n, _, size, _ in vocab["dtypes"]}
+    itemsize = {dt[n]: size for n, _, size, *_ in vocab["dtypes"]}
     # numpy's own dtypes (bfloat16 is not one: ml_dtypes', recognised by name in dtype_of)
-    np_to_dt = {np.dtype(getattr(np, npn)): dt[n] for n, _, _, npn in vocab["dtypes"] if hasattr(np, npn)}
+    np_to_dt = {np.dtype(getattr(np, npn)): dt[n] for n, _, _, npn, _ in vocab["dtypes"] if hasattr(np, npn)}
     by_name = {n: op(v) for n, v, _ in vocab["ops"]}
     op_names = {}
     for n, o in by_name.items():  # each op's name, then its aliases (the order error messages list them in)
         op_names[n] = o
         op_names.update({a: o for a, t in vocab["op_aliases"] if t == n})
-    return dt, op, coll, itemsize, np_to_dt, op_names, dict(vocab["dtype_aliases"])
+    traits = {coll(v): CollTraits(*rest) for _, v, *rest in vocab["colls"]}
+    return dt, op, coll, itemsize, np_to_dt, op_names, dict(vocab["dtype_aliases"]), traits
 
 
-DataType, ReduceOp, Coll, ITEMSIZE, _NP_TO_DT, _OP_NAMES, _DTYPE_ALIASES = _classes(_harp.vocab())
+_VOCAB = _harp.vocab()
+DataType, ReduceOp, Coll, ITEMSIZE, _NP_TO_DT, _OP_NAMES, _DTYPE_ALIASES, COLL_TRAITS = _classes(_VOCAB)
+# bytes per element by ncclDataType_t value (harp.nccl)
+NCCL_ITEMSIZE = {ncclv: size for _, _, size, _, ncclv in _VOCAB["dtypes"] if ncclv >= 0}
+# torch's name of each collective, by HARP's name (profiler spans, harp.torch)
+TORCH_NAMES = {c.name: t.torch for c, t in COLL_TRAITS.items()}
+
+
+def buffer_blocks(extent: str, nranks: int, at_root: bool = True) -> int:
+    """Blocks of `count` elements a buffer of this byte-rule extent (vocab.def) holds on one rank
+    of `nranks`: 0 (no buffer there), 1 or nranks. `listed` gives 0 (such calls list their own)."""
+    if extent == "count":
+        return 1
+    if extent == "count_p":
+        return nranks
+    if extent == "root_count":
+        return 1 if at_root else 0
+    if extent == "root_count_p":
+        return nranks if at_root else 0
+    return 0
+
+
+def buffer_elems(coll, count: int, nranks: int, at_root: bool = True) -> tuple[int, int]:
+    """(send, receive) buffer elements of one rank's part in a `coll` call of `count` at `nranks`
+    ranks (`at_root`: this rank is the root): vocab.def's byte rule. 0: the rank uses no such buffer."""
+    t = COLL_TRAITS[coll]
+    return count * buffer_blocks(t.send, nranks, at_root), count * buffer_blocks(t.recv, nranks, at_root)
 
 # p2p tags travel as uint32 (core/engine/communicator.h CollArgs::tag).
 MAX_TAG = 2**32 - 1

@@ -49,7 +49,7 @@ import numpy as np
 from . import _harp
 from ._buffers import address, as_array, out_buffer
 from ._harp import run_arrays as _run_arrays
-from ._types import MAX_TAG, Coll, DataType, ReduceOp, check_int, parse_dtype, parse_op, typed_count
+from ._types import MAX_TAG, Coll, DataType, ReduceOp, buffer_elems, check_int, parse_dtype, parse_op, typed_count
 from ._work import CallLayer, Work, _float, _seconds, wait_seconds  # noqa: F401  (harp.comm.Work and the rules stay importable here)
 from .errors import InvalidArgumentError
 
@@ -212,6 +212,19 @@ class Communicator:
     def _check_root(self, root, what):
         return check_int(root, f"{what}: root", 0, self.size - 1)
 
+    def _elems(self, coll, count, root=None):
+        """(send, receive) elements this rank's buffers hold in a `coll` call of `count`: base/vocab.def's
+        byte rule (harp._types.buffer_elems); 0 where this rank has no such buffer."""
+        return buffer_elems(coll, count, self.size, root is not None and root == self.rank)
+
+    def _count_of(self, coll, total, what):
+        """The count of a `coll` call whose sendbuf has `total` elements (the byte rule: one block per
+        rank for reduce_scatter and alltoall); a remainder is refused."""
+        blocks = self._elems(coll, 1)[0]
+        if total % blocks:
+            raise InvalidArgumentError(f"{what}: sendbuf has {total} elements, not a multiple of {self.size} ranks")
+        return total // blocks
+
     @contextlib.contextmanager
     def _root_only(self, coll):
         """Arguments only the root passes: the other ranks are in, or will enter, the
@@ -287,7 +300,8 @@ class Communicator:
             return out
         send = as_array(sendbuf, "allgather: sendbuf")
         dt, n = typed_count(send, dtype, "allgather: sendbuf")
-        out = out_buffer(recvbuf, send, dtype, n * self.size, "allgather", shape=(self.size,) + send.shape)
+        out = out_buffer(recvbuf, send, dtype, self._elems(Coll.allgather, n)[1], "allgather",
+                         shape=(self.size,) + send.shape)
         if recvbuf is None and dtype is not None:
             out = out.reshape(self.size, n)
         return self._run(Coll.allgather, address(send), address(out), n, dt, algo=algo, timeout=timeout,
@@ -305,11 +319,8 @@ class Communicator:
         code = parse_op(op)
         send = as_array(sendbuf, "reduce_scatter: sendbuf")
         dt, total = typed_count(send, dtype, "reduce_scatter: sendbuf")
-        if total % self.size:
-            raise InvalidArgumentError(
-                f"reduce_scatter: sendbuf has {total} elements, not a multiple of {self.size} ranks")
-        n = total // self.size
-        out = out_buffer(recvbuf, send, dtype, n, "reduce_scatter")
+        n = self._count_of(Coll.reduce_scatter, total, "reduce_scatter")
+        out = out_buffer(recvbuf, send, dtype, self._elems(Coll.reduce_scatter, n)[1], "reduce_scatter")
         return self._run(Coll.reduce_scatter, address(send), address(out), n, dt, op=code, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
                          keep=(sendbuf, recvbuf, send, out))
@@ -323,11 +334,9 @@ class Communicator:
             return out
         send = as_array(sendbuf, "alltoall: sendbuf")
         dt, total = typed_count(send, dtype, "alltoall: sendbuf")
-        if total % self.size:
-            raise InvalidArgumentError(
-                f"alltoall: sendbuf has {total} elements, not a multiple of {self.size} ranks")
-        out = out_buffer(recvbuf, send, dtype, total, "alltoall", shape=send.shape)
-        return self._run(Coll.alltoall, address(send), address(out), total // self.size, dt, algo=algo,
+        n = self._count_of(Coll.alltoall, total, "alltoall")
+        out = out_buffer(recvbuf, send, dtype, self._elems(Coll.alltoall, n)[1], "alltoall", shape=send.shape)
+        return self._run(Coll.alltoall, address(send), address(out), n, dt, algo=algo,
                          timeout=timeout, async_op=async_op, result=out if recvbuf is None else recvbuf,
                          keep=(sendbuf, recvbuf, send, out))
 
@@ -369,7 +378,8 @@ class Communicator:
         out = None
         if self.rank == root:
             with self._root_only(Coll.gather):
-                out = out_buffer(recvbuf, send, dtype, n * self.size, "gather", shape=(self.size,) + send.shape)
+                out = out_buffer(recvbuf, send, dtype, self._elems(Coll.gather, n, root)[1], "gather",
+                                 shape=(self.size,) + send.shape)
             if recvbuf is None and dtype is not None:
                 out = out.reshape(self.size, n)
         result = (out if recvbuf is None else recvbuf) if out is not None else None
@@ -390,9 +400,10 @@ class Communicator:
                     raise InvalidArgumentError(
                         f"scatter: sendbuf dtype {send.dtype} differs from recvbuf dtype {out.dtype}")
                 _, total = typed_count(send, dtype, "scatter: sendbuf")
-                if total != n * self.size:
+                want = self._elems(Coll.scatter, n, root)[0]
+                if total != want:
                     raise InvalidArgumentError(
-                        f"scatter: sendbuf has {total} elements, expected {n * self.size} ({self.size} ranks x {n})")
+                        f"scatter: sendbuf has {total} elements, expected {want} ({self.size} ranks x {n})")
         return self._run(Coll.scatter, address(send) if send is not None else 0, address(out), n, dt,
                          root=root, algo=algo, timeout=timeout, async_op=async_op, result=recvbuf,
                          keep=(sendbuf, recvbuf, send, out))

@@ -30,7 +30,10 @@ The job view (core/observe/jobview.h): each process serves an authenticated TCP 
 communicator and its address come from a local rank's status socket (JOBVIEW, same user only), or from
 HARP_JOBVIEW_KEY (what --job-key printed on a host of the job) with --rank-addr. The rank asked answers
 for the whole communicator through a tree over the ranks; a rank whose process is gone is "dead", one that
-does not answer the handshake in time (stopped, frozen, cut off) "unreachable".
+does not answer the handshake in time (stopped, frozen, cut off) "unreachable", one serving as many other
+views as it takes at once "busy". Per rank also its links: by peer class (same host, other hosts) and
+transport, and for tcp the lanes (connections per peer) of the pairs that are up, the pairs not connected
+yet (lazy set-up) and the failed ones.
 
 Lagging ranks are those that started fewer collectives than the furthest rank
 of the same communicator, among the ranks this host can see; a rank another
@@ -415,6 +418,39 @@ def _check_entry(e, size):
             if v is not None and not (isinstance(v, dict) and isinstance(v.get("seq"), int)
                                       and isinstance(v.get("collective"), str)):
                 raise ValueError(f"malformed job-view entry for rank {e['rank']} ({k})")
+        links = e.get("links", [])
+        if not (isinstance(links, list) and all(_link_ok(g) for g in links)):
+            raise ValueError(f"malformed job-view entry for rank {e['rank']} (links)")
+
+
+def _link_ok(g) -> bool:
+    """One links group of an entry: {peers, transport, n[, up, not_connected, failed, lanes {count: peers}]}."""
+    if not (isinstance(g, dict) and isinstance(g.get("peers"), str) and isinstance(g.get("transport"), str)
+            and isinstance(g.get("n"), int)):
+        return False
+    if "lanes" not in g:
+        return True
+    return (all(isinstance(g.get(k), int) for k in ("up", "not_connected", "failed")) and isinstance(g["lanes"], dict)
+            and all(k.isdigit() and isinstance(v, int) for k, v in g["lanes"].items()))
+
+
+def links_text(links) -> str:
+    """An entry's links in words: per peer class and transport, the peers, and where the transport reports
+    them, how many are up with how many lanes, not connected yet (lazy set-up) or failed."""
+    parts = []
+    for g in links or []:
+        t = f"{g['peers']}: {g['transport']} x{g['n']}"
+        if "lanes" in g:
+            lanes = ", ".join(f"{v} with {k} lane{'s' if k != '1' else ''}"
+                              for k, v in sorted(g["lanes"].items(), key=lambda kv: int(kv[0])))
+            more = [f"{g['up']} up" + (f" ({lanes})" if lanes else "")]
+            if g["not_connected"]:
+                more.append(f"{g['not_connected']} not connected yet")
+            if g["failed"]:
+                more.append(f"{g['failed']} failed")
+            t += " [" + "; ".join(more) + "]"
+        parts.append(t)
+    return "; ".join(parts) if parts else "none (a communicator of one rank)"
 
 
 def job_view(addr: str, comm: str, key: bytes, size: int, timeout: float = 10.0) -> dict:
@@ -448,7 +484,8 @@ def analyze(ranks) -> dict:
     which ranks called different collectives (a mismatch) with the ranks to blame (the minority)."""
     ok = [e for e in ranks if e["state"] == "ok"]
     dead = [e["rank"] for e in ranks if e["state"] == "dead"]
-    gone = [e["rank"] for e in ranks if e["state"] not in ("ok", "dead")]
+    busy = [e["rank"] for e in ranks if e["state"] == "busy"]  # serving other views: alive, not to blame
+    gone = [e["rank"] for e in ranks if e["state"] not in ("ok", "dead", "busy")]
     top = max((e["started"] for e in ok), default=0)
     lagging = [e["rank"] for e in ok if e["started"] < top]
     calls = {}  # seq -> collective -> ranks
@@ -478,8 +515,8 @@ def analyze(ranks) -> dict:
     if not blame and waiting:
         idle = [r for r in lagging if not next(e for e in ok if e["rank"] == r).get("in_flight")]
         blame = idle or lagging
-    return {"dead": dead, "unreachable": gone, "lagging": lagging, "furthest_started": top, "waiting": waiting,
-            "mismatch": mismatch, "blame": blame}
+    return {"dead": dead, "unreachable": gone, "busy": busy, "lagging": lagging, "furthest_started": top,
+            "waiting": waiting, "mismatch": mismatch, "blame": blame}
 
 
 def _ranks_text(rs):
@@ -497,7 +534,10 @@ def job_text(views, errors) -> str:
                 lines.append(f"  rank {e['rank']:>4} pid {e.get('pid')} on {where}: {e['state'].upper()} ({e.get('error', '')})")
                 continue
             lines.append(_rank_line(e["rank"], e["pid"], f"{where} [{e.get('transport')}]", e))
+            if "links" in e:
+                lines.append(f"             links: {links_text(e['links'])}")
         labels = {"dead": "dead ranks", "unreachable": "unreachable ranks (stopped, frozen or cut off)",
+                  "busy": "busy ranks (serving other job views; not asked)",
                   "lagging": f"lagging ranks (started fewer than #{a['furthest_started']})"}
         lines += [f"  {label}: {_ranks_text(a[k])}" for k, label in labels.items() if a[k]]
         if a["mismatch"]:

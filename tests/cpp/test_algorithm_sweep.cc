@@ -4,12 +4,20 @@
 //
 // Sweep: ranks 1..9 (one TEST per rank count, so a failure names it) x every
 // algorithm registered for allreduce, reduce, broadcast, allgather,
-// reduce_scatter, alltoall, gather, scatter and barrier (core/algorithms/, read
-// from the registry: a new algorithm is swept by its registration line alone)
-// x counts {0, 1, p-1, p, large} x every datatype (the large count: float32,
-// int64 and bfloat16) x in place and out of place (NCCL's in-place layouts)
-// x the ops sum, max and min (prod and avg on the types they are exact in) at
-// count p. Rooted collectives use root p-1.
+// reduce_scatter, alltoall, gather, scatter, barrier, alltoallv,
+// allreduce_coalesced, send, recv and p2p_batch (core/algorithms/, read from
+// the registry: a new algorithm is swept by its registration line alone, and
+// EveryRegisteredAlgorithmIsSwept fails for a collective that has algorithms
+// but no place here) x counts {0, 1, p-1, p, large} x every datatype (the
+// large count: float32, int64 and bfloat16) x in place and out of place
+// (NCCL's in-place layouts, where the collective has one) x the ops sum, max
+// and min (prod and avg on the types they are exact in) at count p. Rooted
+// collectives use root p-1. The collectives that list their buffers:
+// alltoallv sends n + (r + q) % 2 elements from rank r to rank q (uneven,
+// packed); allreduce_coalesced reduces three pieces of n/3, n/3 and the rest;
+// send/recv run from rank 0 to rank p-1 (p > 1), the named algorithm on the
+// side it is registered for; p2p_batch sends to the next rank and receives
+// from the previous one in one batch (a ring; p = 1: to itself).
 //
 // Reference: the inputs are small integers (1..4; 0/1 for bool), so every sum,
 // in any order, is exact in every datatype, and the expected output is the
@@ -26,6 +34,8 @@
 #include <cstring>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "base/reduce.h"
@@ -41,11 +51,21 @@ constexpr size_t kLarge = 70001;  // int64: 560 KB, past the 512K pipeline segme
 
 const CollType kColls[] = {CollType::kAllreduce, CollType::kReduce,  CollType::kBroadcast,
                            CollType::kAllgather, CollType::kReduceScatter, CollType::kAlltoall,
-                           CollType::kGather,    CollType::kScatter, CollType::kBarrier};
+                           CollType::kGather,    CollType::kScatter, CollType::kBarrier,
+                           CollType::kAlltoallv, CollType::kAllreduceCoalesced, CollType::kSend,
+                           CollType::kRecv,      CollType::kP2pBatch};
+// The ones the in-place layouts below do not apply to (out of place only): their buffers are
+// listed per rank or per op, or there is one buffer.
+bool outOfPlaceOnly(CollType c) {
+  return c == CollType::kAlltoallv || c == CollType::kSend || c == CollType::kRecv || c == CollType::kP2pBatch;
+}
 
-const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,   DataType::kUint32,
-                              DataType::kInt64,   DataType::kUint64,   DataType::kFloat16, DataType::kBfloat16,
-                              DataType::kFloat32, DataType::kFloat64,  DataType::kBool};
+// Every datatype vocab.def declares (put() below refuses one it cannot encode, so a new datatype
+// fails the sweep until it is given an encoding).
+const DataType kAllTypes[] = {
+#define HARP_DTYPE(name, e, value, size, np, nccl, ncclv, integer, torch) DataType::e,
+#include "base/vocab.def"
+};
 const DataType kLargeTypes[] = {DataType::kFloat32, DataType::kInt64, DataType::kBfloat16};
 
 // Exact encodings of small non-negative integers (v < 2048).
@@ -74,6 +94,7 @@ void put(DataType dt, char* p, unsigned v) {
     case DataType::kBfloat16: { uint16_t h = bfloatOf(v); std::memcpy(p, &h, 2); break; }
     case DataType::kFloat32: *reinterpret_cast<float*>(p) = static_cast<float>(v); break;
     case DataType::kFloat64: *reinterpret_cast<double*>(p) = v; break;
+    default: throw std::logic_error(std::string("the sweep has no encoding for ") + dtypeName(dt));
   }
 }
 
@@ -109,8 +130,120 @@ std::string describe(const Case& c, int p) {
   return s.str();
 }
 
+// "" when the named algorithm ran, or its restrictions do not hold on this communicator.
+std::string checkRan(Communicator& comm, const Case& c, size_t bytes, bool same) {
+  if (!c.algo) return "";
+  const int p = comm.size();
+  SelectQuery q;
+  q.coll = c.coll;
+  q.count = c.count;
+  q.bytes = bytes;
+  q.ranks = p;
+  q.transport = "tcp";
+  q.in_place = same;
+  q.op = c.op;
+  q.min_local = q.max_local = p;
+  q.blocked = true;
+  // What ran: the flight recorder's newest record names the algorithm after any fallback.
+  const std::vector<obs::OpSnapshot> ops = comm.recorder() ? comm.recorder()->snapshot() : std::vector<obs::OpSnapshot>{};
+  const std::string ran = ops.empty() ? "(no record)" : ops.back().algo;
+  if (c.count > 0 && p > 1 && failedRestriction(*c.algo, q).empty() && ran != c.algo->name)
+    return std::string("ran ") + ran + " though the restrictions of " + c.algo->name + " hold";
+  return "";
+}
+
+std::string firstDiff(const char* got, const char* want, size_t n, size_t es) {
+  if (std::memcmp(got, want, n * es) == 0) return "";
+  size_t i = 0;
+  while (std::memcmp(got + i * es, want + i * es, es) == 0) ++i;
+  return "wrong result from element " + std::to_string(i) + " of " + std::to_string(n);
+}
+
+// The collectives whose buffers are listed (per rank, per piece, per op) and send/recv.
+std::string runListed(Communicator& comm, const Case& c) {
+  const int p = comm.size(), r = comm.rank();
+  const size_t n = c.count, es = dtypeSize(c.dt);
+  const unsigned salt = static_cast<unsigned>(n);
+  CollArgs a;
+  a.coll = c.coll;
+  a.dtype = c.dt;
+  a.op = c.op;
+  a.opts.algo = c.algo ? c.algo->name : "";
+  switch (c.coll) {
+    case CollType::kAlltoallv: {
+      // rank r sends n + (r + q) % 2 elements to rank q: what q sends r is as long as what r sends q
+      auto len = [&](int x, int y) { return n + static_cast<size_t>((x + y) % 2); };
+      size_t total = 0;
+      for (int q = 0; q < p; ++q) {
+        a.sendcounts.push_back(len(r, q));
+        a.sdispls.push_back(total);
+        total += len(r, q);
+      }
+      a.recvcounts = a.sendcounts, a.rdispls = a.sdispls;
+      std::vector<char> send = input(c.dt, total, r, salt), recv(total * es, char(0x5a)), want(total * es);
+      for (int q = 0; q < p; ++q) {  // block q: rank q's block for r, at q's displacement of it
+        size_t off = 0;
+        for (int k = 0; k < r; ++k) off += len(q, k);
+        std::memcpy(want.data() + a.rdispls[q] * es, input(c.dt, off + len(q, r), q, salt).data() + off * es,
+                    len(q, r) * es);
+      }
+      a.sendbuf = send.data(), a.recvbuf = recv.data();
+      comm.run(std::move(a));
+      std::string why = firstDiff(recv.data(), want.data(), total, es);
+      return why.empty() ? checkRan(comm, c, n * es, false) : why;
+    }
+    case CollType::kAllreduceCoalesced: {
+      std::vector<std::vector<char>> ins(p);
+      for (int k = 0; k < p; ++k) ins[k] = input(c.dt, n, k, salt);
+      const std::vector<char> want = fold(ins, c.dt, c.op, n, p);
+      std::vector<char> send = ins[r], recv(n * es, char(0x5a));
+      char* out = c.in_place ? send.data() : recv.data();
+      const size_t cut[] = {0, n / 3, 2 * (n / 3), n};
+      for (int i = 0; i < 3; ++i)
+        a.pieces.push_back({send.data() + cut[i] * es, out + cut[i] * es, cut[i + 1] - cut[i]});
+      a.count = n;
+      comm.run(std::move(a));
+      std::string why = firstDiff(out, want.data(), n, es);
+      return why.empty() ? checkRan(comm, c, n * es, c.in_place) : why;
+    }
+    case CollType::kSend:
+    case CollType::kRecv: {
+      if (p == 1 || (r != 0 && r != p - 1)) return "";  // rank 0 sends to rank p-1
+      const bool sends = r == 0;
+      std::vector<char> buf = sends ? input(c.dt, n, 0, salt) : std::vector<char>(n * es, char(0x5a));
+      a.coll = sends ? CollType::kSend : CollType::kRecv;
+      if (a.coll != c.coll) a.opts.algo.clear();  // the other side runs its default
+      a.peer = sends ? p - 1 : 0;
+      a.count = n;
+      a.tag = 7;
+      if (sends) a.sendbuf = buf.data();
+      else a.recvbuf = buf.data();
+      comm.run(std::move(a));
+      if (!sends) {
+        std::string why = firstDiff(buf.data(), input(c.dt, n, 0, salt).data(), n, es);
+        if (!why.empty()) return why;
+      }
+      return sends == (c.coll == CollType::kSend) ? checkRan(comm, c, n * es, false) : "";
+    }
+    case CollType::kP2pBatch: {  // a ring: send to r+1, receive from r-1, in one batch
+      std::vector<char> send = input(c.dt, n, r, salt), recv(n * es, char(0x5a));
+      a.p2p.push_back({true, (r + 1) % p, send.data(), n});
+      a.p2p.push_back({false, (r + p - 1) % p, recv.data(), n});
+      a.count = n;
+      comm.run(std::move(a));
+      std::string why = firstDiff(recv.data(), input(c.dt, n, (r + p - 1) % p, salt).data(), n, es);
+      return why.empty() ? checkRan(comm, c, n * es, false) : why;
+    }
+    default:
+      return std::string("no listed runner for ") + collName(c.coll);
+  }
+}
+
 // Runs one case on rank `r` and returns "" or what was wrong.
 std::string runCase(Communicator& comm, const Case& c) {
+  if (collVcounts(c.coll) || c.coll == CollType::kAllreduceCoalesced || c.coll == CollType::kSend ||
+      c.coll == CollType::kRecv || c.coll == CollType::kP2pBatch)
+    return runListed(comm, c);
   const int p = comm.size(), r = comm.rank(), root = p - 1;
   const size_t n = c.count, es = dtypeSize(c.dt), all = n * static_cast<size_t>(p);
   const unsigned salt = static_cast<unsigned>(n);
@@ -142,7 +275,8 @@ std::string runCase(Communicator& comm, const Case& c) {
       for (int k = 0; k < p; ++k) std::memcpy(expect.data() + k * n * es, ins[k].data() + r * n * es, n * es);
       break;
     case CollType::kScatter: std::memcpy(expect.data(), ins[root].data() + r * n * es, n * es); break;
-    default: check = false; break;
+    case CollType::kBarrier: check = false; break;
+    default: return std::string("no reference for ") + collName(c.coll);  // a collective new to kColls
   }
 
   // Buffers, in NCCL's in-place layouts.
@@ -200,29 +334,11 @@ std::string runCase(Communicator& comm, const Case& c) {
   }
   const bool same = a.sendbuf && a.sendbuf == a.recvbuf;  // what the selector sees as in place
   comm.run(std::move(a));
-  if (check && out_n && std::memcmp(got, expect.data(), out_n * es) != 0) {
-    size_t i = 0;
-    while (std::memcmp(got + i * es, expect.data() + i * es, es) == 0) ++i;
-    return "wrong result from element " + std::to_string(i) + " of " + std::to_string(out_n);
+  if (check && out_n) {
+    std::string why = firstDiff(got, expect.data(), out_n, es);
+    if (!why.empty()) return why;
   }
-  if (c.algo) {
-    SelectQuery q;
-    q.coll = c.coll;
-    q.count = n;
-    q.bytes = n * es;
-    q.ranks = p;
-    q.transport = "tcp";
-    q.in_place = same;
-    q.op = c.op;
-    q.min_local = q.max_local = p;
-    q.blocked = true;
-    // What ran: the flight recorder's newest record names the algorithm after any fallback.
-    const std::vector<obs::OpSnapshot> ops = comm.recorder() ? comm.recorder()->snapshot() : std::vector<obs::OpSnapshot>{};
-    const std::string ran = ops.empty() ? "(no record)" : ops.back().algo;
-    if (n > 0 && p > 1 && failedRestriction(*c.algo, q).empty() && ran != c.algo->name)
-      return std::string("ran ") + ran + " though the restrictions of " + c.algo->name + " hold";
-  }
-  return "";
+  return checkRan(comm, c, n * es, same);
 }
 
 std::vector<Case> plan(int p) {
@@ -246,6 +362,7 @@ std::vector<Case> plan(int p) {
                                  : std::vector<DataType>(std::begin(kAllTypes), std::end(kAllTypes))) {
           for (bool in_place : {false, true}) {
             if (coll == CollType::kBroadcast && in_place) continue;  // one buffer either way
+            if (outOfPlaceOnly(coll) && in_place) continue;
             std::vector<ReduceOp> ops{ReduceOp::kSum};
             if (reduces && n == pp && !in_place) {
               ops.push_back(ReduceOp::kMax);
@@ -313,6 +430,17 @@ void sweep(int p) {
 }
 
 }  // namespace
+
+// Every collective with a registered algorithm has a place in the sweep (kColls and a runner): a
+// collective whose first algorithm is registered without one fails here, naming it.
+TEST(AlgorithmSweep, EveryRegisteredAlgorithmIsSwept) {
+  for (int i = 0; i < kNumCollTypes; ++i) {
+    const auto coll = static_cast<CollType>(i);
+    if (algorithmsOf(coll).empty()) continue;
+    EXPECT_NE(std::find(std::begin(kColls), std::end(kColls), coll), std::end(kColls))
+        << collName(coll) << " has algorithms (" << algorithmList(coll) << ") the sweep does not run";
+  }
+}
 
 TEST(AlgorithmSweep, Ranks1) { sweep(1); }
 TEST(AlgorithmSweep, Ranks2) { sweep(2); }

@@ -38,7 +38,7 @@ using tcpwire::FrameHeader;
 
 // One TCP connection of a pair.
 constexpr int kLazyHoldMs = 1;          // a wait() longer than this pushes the held lazy sends
-constexpr size_t kLazyHoldBytes = 256;  // larger lazy sends are not held
+constexpr size_t kLazyHoldBytes = 512;  // larger lazy sends are not held (a batch of deferred descriptors: 392)
 constexpr size_t kReadAhead = 4096;     // one-lane pairs: bytes a read may take past the frame it wants
 
 struct Lane {
@@ -119,17 +119,18 @@ class TcpPair : public Pair {
   int peer_;
   std::vector<Lane> lanes_;
   uint64_t peer_chunk_ = 0;  // from the peer's lane hello
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};  // atomic: LinkStatus reads it from another thread
   std::string fail_reason_;
   // Lazy set-up (HARP_SOCKET_CONNECT=lazy): false until the lanes are
   // authenticated and the lane hellos exchanged; requests posted before wait
   // in the queues. dialed_: this rank (the higher) has started its dials.
-  bool up_ = true;
+  std::atomic<bool> up_{true};  // atomic: LinkStatus reads it from another thread
   bool dialed_ = false;
   bool hello_sent_ = false;
   std::string hello_in_;      // the peer's lane hello, as far as read
   bool peer_closed_ = false;  // peer said goodbye
   bool peer_gone_ = false;    // connection lost or peer aborted: no notice to send
+  bool out_of_step_ = false;  // failed on a collective mismatch: lazy sends are still held (isend)
   std::string abort_text_;    // the peer's abort notice, once read
   std::string who() const;
 
@@ -169,7 +170,7 @@ class TcpPair : public Pair {
   uint64_t recv_next_ = 0;   // message number the next irecv gets
 };
 
-class TcpTransport : public Transport {
+class TcpTransport : public Transport, public LinkStatus {
  public:
   TcpTransport(const CommInfo& info, const std::vector<PeerInfo>& peers);
   ~TcpTransport() override;
@@ -185,6 +186,17 @@ class TcpTransport : public Transport {
   void flush() override;
   void abort(const std::string& why) override;
   std::string abortNotice() override;
+  void* capability(const Capability& which) override {
+    return &which == &LinkStatus::kCapability ? static_cast<LinkStatus*>(this) : nullptr;
+  }
+  // LinkStatus, any thread: pairs_ and each pair's lanes are fixed once
+  // connect() returned; up_ and failed_ are atomic.
+  Link link(int peer) const override {
+    auto it = pairs_.find(peer);
+    if (it == pairs_.end()) return {kFailed, 0};
+    const TcpPair& p = *it->second;
+    return {p.failed_ ? kFailed : p.up_ ? kUp : kNotYet, static_cast<int>(p.lanes_.size())};
+  }
 
   std::string rankName(int r) const;
   bool sameHost(int peer) const;

@@ -39,6 +39,7 @@ import numbers
 import os
 import threading
 
+from .._types import COLL_TRAITS, NCCL_ITEMSIZE, Coll, buffer_elems
 from ..errors import InvalidArgumentError
 
 NCCL_UNIQUE_ID_BYTES = 128
@@ -89,8 +90,6 @@ _ERROR_NAMES = {
     6: "NCCL_ERROR_REMOTE_ERROR",
     7: "NCCL_ERROR_IN_PROGRESS",
 }
-
-_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
 
 available = True
 
@@ -525,8 +524,19 @@ class NcclCommunicator:
     def _nbytes(self, fn, count, datatype, what="count"):
         """(count, datatype, count x itemsize or None for a datatype the library will refuse)."""
         n, dt = _count(count, f"{fn}: {what}"), _int(datatype, f"{fn}: datatype")
-        size = _SIZES.get(dt)
+        size = NCCL_ITEMSIZE.get(dt)  # from base/vocab.def
         return n, dt, None if size is None else n * size
+
+    def _bytes(self, coll, nb, root=None):
+        """(send, receive) bytes this rank's buffers must hold in a `coll` call of nb bytes a block:
+        base/vocab.def's byte rule. None where nothing is checked: the datatype is refused (nb None)
+        or this rank uses no such buffer (reduce's receive and broadcast's send off the root)."""
+        if nb is None:
+            return None, None
+        t = COLL_TRAITS[coll]
+        p = self._nranks() if "count_p" in t.send + t.recv else 1
+        s, r = buffer_elems(coll, nb, p, root is not None and self._is(root))
+        return s or None, r or None
 
     def _nranks(self) -> int:
         n = getattr(self, "_size", None)
@@ -543,21 +553,23 @@ class NcclCommunicator:
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream=0):
         n, dt, nb = self._nbytes("allReduce", count, datatype)
         op, st = _int(op, "allReduce: op"), _stream(stream)
-        _check(_L().ncclAllReduce(_ptr(sendbuf, "allReduce: sendbuf", nb), _ptr(recvbuf, "allReduce: recvbuf", nb),
+        sb, rb = self._bytes(Coll.allreduce, nb)
+        _check(_L().ncclAllReduce(_ptr(sendbuf, "allReduce: sendbuf", sb), _ptr(recvbuf, "allReduce: recvbuf", rb),
                                   n, dt, op, self._c(), st), self._comm)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream=0):
         n, dt, nb = self._nbytes("reduce", count, datatype)
         op, root, st = _int(op, "reduce: op"), _int(root, "reduce: root"), _stream(stream)
-        _check(_L().ncclReduce(_ptr(sendbuf, "reduce: sendbuf", nb),
-                               _ptr(recvbuf, "reduce: recvbuf", nb if self._is(root) else None), n, dt, op, root,
-                               self._c(), st), self._comm)
+        sb, rb = self._bytes(Coll.reduce, nb, root)
+        _check(_L().ncclReduce(_ptr(sendbuf, "reduce: sendbuf", sb), _ptr(recvbuf, "reduce: recvbuf", rb), n, dt, op,
+                               root, self._c(), st), self._comm)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream=0):
         n, dt, nb = self._nbytes("broadcast", count, datatype)
         root, st = _int(root, "broadcast: root"), _stream(stream)
-        _check(_L().ncclBroadcast(_ptr(sendbuff, "broadcast: sendbuff", nb if self._is(root) else None),
-                                  _ptr(recvbuff, "broadcast: recvbuff", nb), n, dt, root, self._c(), st), self._comm)
+        sb, rb = self._bytes(Coll.broadcast, nb, root)
+        _check(_L().ncclBroadcast(_ptr(sendbuff, "broadcast: sendbuff", sb), _ptr(recvbuff, "broadcast: recvbuff", rb),
+                                  n, dt, root, self._c(), st), self._comm)
 
     def bcast(self, buff, count, datatype, root, stream=0):
         n, dt, nb = self._nbytes("bcast", count, datatype)
@@ -567,27 +579,29 @@ class NcclCommunicator:
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream=0):
         n, dt, nb = self._nbytes("reduceScatter", recvcount, datatype, "recvcount")
         op, st = _int(op, "reduceScatter: op"), _stream(stream)
-        whole = None if nb is None else nb * self._nranks()
-        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", whole),
-                                      _ptr(recvbuf, "reduceScatter: recvbuf", nb), n, dt, op, self._c(), st),
+        sb, rb = self._bytes(Coll.reduce_scatter, nb)
+        _check(_L().ncclReduceScatter(_ptr(sendbuf, "reduceScatter: sendbuf", sb),
+                                      _ptr(recvbuf, "reduceScatter: recvbuf", rb), n, dt, op, self._c(), st),
                self._comm)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream=0):
         n, dt, nb = self._nbytes("allGather", count, datatype)
         st = _stream(stream)
-        whole = None if nb is None else nb * self._nranks()
-        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", nb), _ptr(recvbuf, "allGather: recvbuf", whole),
+        sb, rb = self._bytes(Coll.allgather, nb)
+        _check(_L().ncclAllGather(_ptr(sendbuf, "allGather: sendbuf", sb), _ptr(recvbuf, "allGather: recvbuf", rb),
                                   n, dt, self._c(), st), self._comm)
 
     def send(self, sendbuf, count, datatype, peer, stream=0):
         n, dt, nb = self._nbytes("send", count, datatype)
         peer, st = _int(peer, "send: peer"), _stream(stream)
-        _check(_L().ncclSend(_ptr(sendbuf, "send: sendbuf", nb), n, dt, peer, self._c(), st), self._comm)
+        _check(_L().ncclSend(_ptr(sendbuf, "send: sendbuf", self._bytes(Coll.send, nb)[0]), n, dt, peer, self._c(),
+                             st), self._comm)
 
     def recv(self, recvbuf, count, datatype, peer, stream=0):
         n, dt, nb = self._nbytes("recv", count, datatype)
         peer, st = _int(peer, "recv: peer"), _stream(stream)
-        _check(_L().ncclRecv(_ptr(recvbuf, "recv: recvbuf", nb), n, dt, peer, self._c(), st), self._comm)
+        _check(_L().ncclRecv(_ptr(recvbuf, "recv: recvbuf", self._bytes(Coll.recv, nb)[1]), n, dt, peer, self._c(),
+                             st), self._comm)
 
     # HARP extensions (NCCL C API functions CuPy does not wrap).
     def create_premul_sum(self, scalar, datatype, residence=NCCL_SCALAR_HOST_IMMEDIATE) -> int:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from .. import _params
-from .._types import MAX_TAG, Coll, DataType, ReduceOp
+from .._types import MAX_TAG, TORCH_NAMES, Coll, DataType, ReduceOp, buffer_elems
 from .._types import is_int as _is_int
 from ..comm import Communicator
 from ..errors import HarpError, InvalidArgumentError
@@ -77,11 +77,10 @@ def _same_split(sizes):
 
 # -- torch.profiler spans ------------------------------------------------------------------------
 # One "harp:<op>" span per call while a profiler records (torch.profiler, Kineto's Chrome trace), named
-# like torch's own "nccl:all_reduce" plus " bytes=N"; nothing is done when none records. The span covers
-# the call (for async calls: the enqueue, as torch's own spans do); the algorithm each call ran is in the
-# flight record and the metrics (harp.debug, harp.metrics).
-_SPAN_NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
-               "_allgather_base": "all_gather_into_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all"}
+# like torch's own "nccl:all_reduce" plus " bytes=N" (a collective's torch name is vocab.def's torch column,
+# TORCH_NAMES; torch's own method names, all_gather_into_tensor, ..., stay as they are); nothing is done when
+# none records. The span covers the call (for async calls: the enqueue, as torch's own spans do); the
+# algorithm each call ran is in the flight record and the metrics (harp.debug, harp.metrics).
 
 
 def _span(opname, result):
@@ -92,7 +91,7 @@ def _span(opname, result):
                 nbytes += u.numel() * u.element_size()
     # Kineto's Chrome trace drops record_function's args: the bytes go into the name, after a space,
     # the way torch's "nccl:send 0->1" carries its peers.
-    span = torch.profiler.record_function(f"harp:{_SPAN_NAMES.get(opname, opname)} bytes={nbytes}")
+    span = torch.profiler.record_function(f"harp:{TORCH_NAMES.get(opname, opname)} bytes={nbytes}")
     span.__enter__()
     return span
 
@@ -418,9 +417,10 @@ class ProcessGroupHarp(dist.ProcessGroup):
         d = self._delegate([input], "_allgather_base", output, input, opts)
         if d is not None:
             return d
-        if output.numel() != input.numel() * self._size:
+        _, want = buffer_elems(Coll.allgather, input.numel(), self._size)
+        if output.numel() != want:
             raise ValueError(f"harp all_gather_into_tensor: output has {output.numel()} elements, expected "
-                             f"{input.numel() * self._size} ({self._size} ranks x {input.numel()})")
+                             f"{want} ({self._size} ranks x {input.numel()})")
         if output.dtype != input.dtype:
             raise ValueError("harp all_gather_into_tensor: output and input dtypes differ")
         s = Staged(input, read=True, write=False, op="all_gather_into_tensor")
@@ -452,7 +452,7 @@ class ProcessGroupHarp(dist.ProcessGroup):
             raise UnsupportedError("harp allgather_coalesced: all tensors must have the same dtype")
         flat_in = torch.cat([t.reshape(-1) for t in input_list])
         n = flat_in.numel()
-        flat_out = torch.empty(n * self._size, dtype=flat_in.dtype)
+        flat_out = torch.empty(buffer_elems(Coll.allgather, n, self._size)[1], dtype=flat_in.dtype)
         s = Staged(flat_in, read=True, write=False, op="allgather_coalesced")
         timeout = _secs(opts.timeout)
 
@@ -511,9 +511,10 @@ class ProcessGroupHarp(dist.ProcessGroup):
         d = self._delegate([input], "_reduce_scatter_base", output, input, opts)
         if d is not None:
             return d
-        if input.numel() != output.numel() * self._size:
+        want, _ = buffer_elems(Coll.reduce_scatter, output.numel(), self._size)
+        if input.numel() != want:
             raise ValueError(f"harp reduce_scatter_tensor: input has {input.numel()} elements, expected "
-                             f"{output.numel() * self._size} ({self._size} ranks x {output.numel()})")
+                             f"{want} ({self._size} ranks x {output.numel()})")
         if output.dtype != input.dtype:
             raise ValueError("harp reduce_scatter_tensor: output and input dtypes differ")
         op, factor = harp_op(opts.reduceOp)
@@ -624,8 +625,8 @@ class ProcessGroupHarp(dist.ProcessGroup):
         outs = self._one(output_tensors, "gather")
         if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
             raise ValueError(f"harp gather: the root needs {self._size} output tensors of {inp.numel()} elements")
-        flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
         n = inp.numel()
+        flat = torch.empty(buffer_elems(Coll.gather, n, self._size)[1], dtype=inp.dtype)  # the root's
 
         def post():
             for r, o in enumerate(outs):

@@ -3,7 +3,8 @@
     harp-bench allreduce -np 4 --compare gloo,mpi --interleave 5   (was bench/shm_compare.py)
     harp-bench allreduce -np 2 --torch-overhead                     (was bench/torch_overhead.py)
 
-Each rank process holds every library asked for: HARP (harp.init), Open MPI
+Each rank process holds every library asked for: HARP (harp.init; "harp:ALGO" is HARP with
+algo=ALGO forced, several of them share the communicator), Open MPI
 (mpi4py; the job then runs under mpirun), gloo and torch.distributed over
 HARP's backend (torch+harp; the default process group, with gloo as a second
 group when both run). For each size the libraries take turns, in an order
@@ -45,6 +46,9 @@ def make_libs(a):
     comm = harp.init(transport=a.get("transport"))
     if "harp" in names:
         out["harp"] = HarpLib(a, comm)
+    for n in names:  # "harp:ALGO": HARP with algo= ALGO forced, on the same communicator
+        if n.startswith("harp:"):
+            out[n] = HarpLib(dict(a, algo=n[5:]), comm)
     torch_libs = [x for x in names if x in ("gloo", "torch+harp")]
     if torch_libs:
         import torch.distributed as dist

@@ -9,6 +9,8 @@ columns, plus transport and algorithm, and, with --compare, side by side.
 from __future__ import annotations
 
 import numpy as np
+from harp._types import Coll, buffer_elems
+from harp.metrics import bus_factor  # nccl-tests' factor, declared once there
 
 # nccl-tests type names -> numpy dtype names
 TYPES = {
@@ -41,28 +43,15 @@ def sizes(minbytes, maxbytes, factor, step):
     return out
 
 
-def bus_factor(coll, n):
-    """nccl-tests: busbw = algbw * factor, so numbers compare across rank counts."""
-    if n <= 1:
-        return 1.0
-    return {"allreduce": 2.0 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-            "alltoall": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}[coll]
-
-
 def counts(coll, size_bytes, esize, n):
     """(send elements, recv elements, nccl-tests 'count') for a sweep size, as nccl-tests defines it:
-    size is the largest buffer (allgather: output, reduce_scatter: input)."""
+    size is the largest buffer (allgather: output, reduce_scatter: input). The buffers relate as
+    HARP's byte rule says (base/vocab.def, harp._types.buffer_elems, the root's view)."""
     total = size_bytes // esize
-    if coll in ("allgather",):
-        per = total // n
-        return per, per * n, per
-    if coll in ("reduce_scatter",):
-        per = total // n
-        return per * n, per, per
-    if coll == "alltoall":
-        per = total // n
-        return per * n, per * n, per * n
-    return total, total, total
+    ks, kr = buffer_elems(Coll[coll], 1, n)
+    per = total // max(ks, kr)
+    ns, nr = per * ks, per * kr
+    return ns, nr, ns if coll == "alltoall" else per  # nccl-tests' alltoall count is the whole buffer
 
 
 def parse_size(s):
