@@ -193,6 +193,23 @@ def check(cells: list, picks: dict) -> list:
     return rows
 
 
+def picks_table(extra: dict) -> list:
+    """The selector's picks at rank counts without replays: pick and the model's prediction."""
+    if not extra:
+        return []
+    out = ["## What the tuner picks where nothing was replayed", "",
+           "HARP's selector at these points (the model's predicted time of its pick, and of the runner-up), "
+           "without a simulated time to check it against.", "",
+           "| platform | collective | ranks | size | pick (model) | runner-up (model) |", "|---|---|---:|---:|---|---|"]
+    for (name, coll, p, n), pk in sorted(extra.items()):
+        m = sorted((v, a) for a, v in pk["model_s"].items() if v is not None)
+        pick_s = pk["model_s"].get(pk["pick"])
+        other = next(((v, a) for v, a in m if a != pk["pick"]), None)
+        out.append(f"| {name} | {coll} | {p} | {n} | {pk['pick']} ({pick_s * 1e3:.3g} ms) | " +
+                   (f"{other[1]} ({other[0] * 1e3:.3g} ms)" if other else "-") + " |")
+    return out + [""]
+
+
 def markdown(cells: list, rows: list, o_send: float, command: str) -> str:
     by = {(c["platform"], c["coll"], c["p"], c["size"], c["algo"]): c for c in cells}
     ok = sum(r["ok"] for r in rows)
@@ -333,10 +350,15 @@ def main() -> None:
                                ("--timeout", f"{a.timeout:g}", "900")):
         if val != default:
             command += f" {flag} {val}"
-    Path(a.out).write_text(markdown(cells, rows, o_send, command) + "\n")
+    extra = {(name, coll, p, n): tuner_pick(cal_files[name], coll, p, block_bytes(coll, p, n))
+             for name in VPCS for coll in colls for p in (64, 128, 256, 512, 1024) for n in SIZES
+             if (name, coll, p, n) not in picks}
+    Path(a.out).write_text(markdown(cells, rows, o_send, command) + "\n" + "\n".join(picks_table(extra)) + "\n")
     plot(cells, Path(a.out).with_suffix(".png"))
     Path(a.json).write_text(json.dumps({"command": command, "send_overhead_s": o_send, "cells": cells,
-                                        "check": rows}, indent=1) + "\n")
+                                        "check": rows, "picks_not_replayed": [
+                                            {"platform": k[0], "coll": k[1], "p": k[2], "size": k[3], **v}
+                                            for k, v in sorted(extra.items())]}, indent=1) + "\n")
     done = [r for r in rows if not r["open"]]
     print(f"project: tuner within 5% at {sum(r['ok'] for r in done)} of {len(done)} complete points "
           f"({len(rows) - len(done)} open)", file=sys.stderr)
