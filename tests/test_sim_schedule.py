@@ -38,7 +38,7 @@ def matched(s):
 
 
 def waited(s):
-    """Every request is waited for exactly once."""
+    """Every request is waited for exactly once (a lane's jobs included)."""
     for ops in s.ranks:
         posted = [op[1] for op in ops if op[0] in "SV"]
         waits = [i for op in ops if op[0] == "W" for i in op[1]]
@@ -106,19 +106,117 @@ def test_bad_input_is_named():
     assert out.returncode == 2 and "top-k" in out.stderr
 
 
+@pytest.mark.parametrize("p", [6, 8])
+def test_allgather_reduce_scatter_alltoall_rings_move_their_stated_bytes(p):
+    n = 4096  # each rank's block
+    ag = schedule.emit("ring", p, n, extra=("--coll", "allgather"))
+    rs = schedule.emit("ring", p, n, extra=("--coll", "reduce_scatter"))
+    a2a = schedule.emit("pairwise", p, n, extra=("--coll", "alltoall"))
+    for s in (ag, rs, a2a):
+        assert matched(s) and waited(s), s.header
+        assert all(s.sent(r) == (p - 1) * n for r in range(p)), s.header
+    assert all(rs.work(r, "reduce") == (p - 1) * n for r in range(p))
+
+
+def test_log_step_collectives_take_log_steps():
+    p, n = 16, 256
+    for coll, algo in (("allgather", "bruck"), ("allgather", "recursive_doubling"), ("reduce_scatter", "bruck"),
+                       ("reduce_scatter", "recursive_halving"), ("alltoall", "bruck")):
+        s = schedule.emit(algo, p, n, extra=("--coll", coll))
+        assert matched(s) and waited(s), (coll, algo)
+        assert all(sum(op[0] == "S" for op in ops) == 4 for ops in s.ranks), (coll, algo)  # log2 16
+
+
+def test_copies_are_recorded_not_made():
+    """harp_sched's buffers are reserved address space: a 64-rank allgather of 4 MB blocks (256 MB
+    of output per rank) records its copies as X lines and never faults the buffers in."""
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", str(schedule.ensure_built()), "--coll", "allgather", "--algo",
+                          "ring", "--p", "64", "--bytes", str(4 << 20)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    s = schedule.parse(out.stdout)
+    assert all(s.work(r, "copy") == 4 << 20 for r in range(64))  # its own block into place
+    assert int(out.stderr.split()[-1]) < 200 * 1024, out.stderr  # max RSS in KB: far below one 256 MB buffer
+
+
+def test_rail_runs_its_network_legs_on_a_lane():
+    s = schedule.emit("rail", 16, 64 << 20, hosts=4)
+    jobs = [op for ops in s.ranks for op in ops if op[0] == "A"]
+    joins = [op for ops in s.ranks for op in ops if op[0] == "J"]
+    assert jobs and sorted(jobs) == sorted(("A", j[1]) for j in joins)
+    assert matched(s)
+
+
+def test_pick_is_the_selector_the_library_runs():
+    """harp_sched --pick links core/select: it agrees with harp-config --explain (libharp)."""
+    harp_config = pytest.importorskip("harp.tools.config")
+    for coll, size, ppn in (("allreduce", 8, [2, 2]), ("allreduce", 32 << 20, [2, 2]), ("allreduce", 65536, [8] * 8),
+                            ("allgather", 4096, [8] * 16), ("reduce_scatter", 1 << 20, [8] * 8),
+                            ("alltoall", 64, [1] * 8)):
+        want = [x for x in harp_config.explain(coll, str(size), sum(ppn), "mixed" if ppn[0] > 1 else "tcp", ppn=ppn)
+                if x.startswith("pick: ")][0].split()[1]
+        got = subprocess.run([str(schedule.ensure_built()), "--pick", "--coll", coll, "--p", str(sum(ppn)), "--hosts",
+                              str(len(ppn)), "--bytes", str(size)], capture_output=True, text=True, check=True)
+        assert got.stdout.split()[1] == want, (coll, size, ppn, got.stdout)
+
+
 def _has_simgrid():
     return subprocess.run(["/usr/bin/python3", "-c", "import simgrid"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not _has_simgrid(), reason="no python3-simgrid")
-def test_replay_on_an_ideal_network_takes_bytes_over_rate():
+def _has_simgrid_dev():
+    return Path("/usr/include/simgrid/s4u.hpp").exists()
+
+
+needs_both = pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not _has_simgrid() or not _has_simgrid_dev(),
+                                reason="needs python3-simgrid and libsimgrid-dev (scripts/install-deps.sh --sim)")
+
+
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_replay_on_an_ideal_network_takes_bytes_over_rate(engine):
     code = (
         "import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
         f"s = schedule.emit('ring', 4, {16 * N}, 4)\n"
         "spec = platforms.Spec(hosts=4, link_Bps=1e8, rtt_s=0, shm_lat_s=0, reduce_Bps=1e15, send_overhead_s=0)\n"
-        "print(replay.simulate(s, spec))\n")
+        f"print(replay.simulate(s, spec, engine={engine!r}))\n")
     out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     t = float(out.stdout.split()[-1])
     ideal = 2 * 3 / 4 * 16 * N / 1e8  # each rank's uplink carries 2(p-1)/p n bytes
     assert ideal <= t * (1 + 1e-6) and t < ideal * 1.05, (t, ideal)
+
+
+# Schedules and platforms both replayers see: the arena (tbf bucket, 3 back-to-back iterations,
+# 1 rank per host) and the VPC (8 ranks per host, split-duplex NICs, per-flow cap).
+AGREE = [
+    ("ring", 4, 1 << 20, 4, dict(hosts=4, link_Bps=119.6e6, rtt_s=1.042e-3, send_overhead_s=30e-6, burst_B=262144,
+                                  burst_Bps=1.25e9), 3),
+    ("halving_doubling", 8, 1 << 16, 8, dict(hosts=8, link_Bps=119.6e6, rtt_s=42e-6, send_overhead_s=30e-6,
+                                              burst_B=262144, burst_Bps=1.25e9), 3),
+    ("ring", 16, 16 << 20, 2, dict(hosts=2, local=8, link_Bps=3.125e9, flow_cap_Bps=1.25e9, rtt_s=1e-4,
+                                    send_overhead_s=30e-6), 1),
+    ("recursive_doubling", 16, 1 << 20, 2, dict(hosts=2, local=8, link_Bps=3.125e9, flow_cap_Bps=1.25e9, rtt_s=1e-3,
+                                                 send_overhead_s=30e-6), 1),
+    ("leader", 32, 65536, 4, dict(hosts=4, local=8, link_Bps=3.125e9, flow_cap_Bps=1.25e9, rtt_s=1e-4,
+                                  send_overhead_s=30e-6), 1),
+    ("tree", 32, 4 << 20, 4, dict(hosts=4, local=8, link_Bps=3.125e9, flow_cap_Bps=1.25e9, rtt_s=1e-3,
+                                  send_overhead_s=30e-6), 1),
+]
+
+
+@needs_both
+@pytest.mark.parametrize("algo,p,n,hosts,spec,its", AGREE, ids=[f"{a[0]}-{a[1]}" for a in AGREE])
+def test_cpp_replayer_agrees_with_the_python_reference(algo, p, n, hosts, spec, its):
+    """harp_replay (C++ S4U) against replay.py (Python bindings) on identical schedules and platforms: the
+    same model, so the same time (the per-flow cap is a FATPIPE link in Python, a flow bound in C++)."""
+    code = (
+        "import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
+        f"s = schedule.emit({algo!r}, {p}, {n}, {hosts})\n"
+        f"spec = platforms.Spec(**{spec!r})\n"
+        f"print(replay.simulate(s, spec, iterations={its}, engine='python'), "
+        f"replay.simulate(s, spec, iterations={its}, engine='cpp'))\n")
+    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    py, cpp = map(float, out.stdout.split())
+    assert abs(cpp / py - 1) < 1e-6, (py, cpp)
+

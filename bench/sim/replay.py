@@ -1,5 +1,13 @@
 """bench/sim/replay.py — replays a HARP schedule (schedule.py) in SimGrid.
 
+Two replayers of one model: harp_replay (bench/sim/replay/harp_replay.cc,
+SimGrid's C++ S4U, built on first use by build_replayer.sh: simulate() and
+simulate_file() use it) and this file's Python one (SimGrid's Python
+bindings: simulate(engine="python"), the reference the C++ one is checked
+against on small schedules: tests/test_sim_schedule.py, bench/RESULTS-scale.md).
+The Python replayer moves ~10^4 messages a second and replays no lanes (A/E/J
+lines: rail's asynchronous legs). The model:
+
 One s4u actor per rank executes its operations in order: S posts an
 asynchronous put of <bytes> on the mailbox "<src>><dst>:<comm>" (one mailbox
 per directed pair and connection set: HARP's per-pair FIFO matching), after
@@ -22,29 +30,69 @@ import dataclasses
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import platforms  # noqa: E402
 import schedule  # noqa: E402
 
-FACTORY = "thread"  # SimGrid context factory for the actors
+FACTORY = "thread"  # SimGrid context factory for the actors (Python bindings)
+REPLAYER = schedule.ROOT / "build" / "sim" / "harp_replay"
+
+
+def ensure_replayer() -> Path:
+    src = schedule.ROOT / "bench/sim/replay/harp_replay.cc"
+    if not REPLAYER.exists() or src.stat().st_mtime > REPLAYER.stat().st_mtime:
+        subprocess.run(["nice", "bash", str(schedule.ROOT / "bench/sim/build_replayer.sh"), str(REPLAYER)],
+                       check=True, stdout=subprocess.DEVNULL)
+    return REPLAYER
+
+
+def spec_arg(spec: platforms.Spec) -> str:
+    return ",".join(f"{k}={v!r}" for k, v in dataclasses.asdict(spec).items())
+
+
+def simulate_file(path: str, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1,
+                  extra: tuple = ()) -> dict:
+    """harp_replay on a schedule file: {"sim_seconds", "messages", "wall_seconds"}."""
+    args = [str(ensure_replayer()), "--spec", spec_arg(spec), "--iterations", str(iterations), *extra, path]
+    try:
+        out = subprocess.run(["nice", "-n", "10", *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise TimeoutError(f"harp_replay: {path} did not finish in {timeout_s:.0f} s") from e
+    vals = dict(line.split(maxsplit=1) for line in out.stdout.splitlines() if " " in line)
+    if out.returncode != 0 or "sim-seconds" not in vals:
+        raise RuntimeError(f"harp_replay of {path} failed (exit {out.returncode}): {out.stderr[-2000:]}")
+    return {"sim_seconds": float(vals["sim-seconds"]), "messages": int(vals["messages"]),
+            "wall_seconds": float(vals["wall-seconds"])}
 X_RATE = {"reduce": 1.0, "narrow": 1.0, "widen": 1.0, "addwide": 1.0, "copy": 1.0}
 
 
-def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1) -> float:
+def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1,
+             engine: str = "cpp") -> float:
     """Seconds until the last rank finishes `sched` on `spec`; with iterations > 1 the
     collective runs that many times back to back (as a benchmark loop: no barrier) and
     the result is the mean time of the iterations after the first (the steady state
     of a token bucket that the loop keeps drained).
 
-    SimGrid allows one engine per process (and its Python bindings do not
-    survive a fork): each call replays in a child `python3 replay.py --worker`
-    that reads the schedule text and the Spec from its stdin.
+    engine "cpp": harp_replay; "python": SimGrid allows one engine per process (and its
+    Python bindings do not survive a fork), so each call replays in a child
+    `python3 replay.py --worker` that reads the schedule text and the Spec from its stdin.
     """
+    if engine == "cpp":
+        with tempfile.NamedTemporaryFile("w", suffix=".sched") as f:
+            f.write(sched.text)
+            f.flush()
+            return simulate_file(f.name, spec, timeout_s, iterations)["sim_seconds"]
+    if engine != "python":
+        raise ValueError(f"replay: engine must be cpp or python, not {engine!r}")
+    if any(op[0] in "AJ" for ops in sched.ranks for op in ops):
+        raise ValueError("replay: the Python replayer has no lanes (A/E/J lines); use engine='cpp'")
     job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations})
     try:
-        out = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
+        out = subprocess.run(["/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable, __file__,
+                          "--worker"], input=job, capture_output=True, text=True,
                              timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         raise TimeoutError(f"replay: {sched.header} did not finish in {timeout_s:.0f} s") from e
@@ -151,12 +199,13 @@ def main() -> None:
     ap.add_argument("--rtt-us", type=float, default=42.0)
     ap.add_argument("--link-gbit", type=float, default=0.9568)
     ap.add_argument("--flow-cap-gbit", type=float, default=0.0)
+    ap.add_argument("--engine", choices=("cpp", "python"), default="cpp")
     a = ap.parse_args()
     hosts = a.hosts or a.p
     spec = platforms.Spec(hosts=hosts, local=a.p // hosts, link_Bps=a.link_gbit * 1e9 / 8, rtt_s=a.rtt_us * 1e-6,
                           flow_cap_Bps=a.flow_cap_gbit * 1e9 / 8)
     s = schedule.emit(a.algo, a.p, a.bytes, hosts, a.compress)
-    print(f"{s.header['algo']} p={a.p} hosts={hosts} bytes={a.bytes}: {simulate(s, spec) * 1e6:.1f} us")
+    print(f"{s.header['algo']} p={a.p} hosts={hosts} bytes={a.bytes}: {simulate(s, spec, engine=a.engine) * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     sched = emit(compress="fp16", p=64, nbytes=1 << 20)
     sched = emit(algo="leader", p=64, hosts=8, nbytes=8)
     sched.ranks[r]  # list of ops: ("S", id, peer, bytes, comm), ("V", ...),
-                    # ("W", (ids...)), ("X", kind, bytes)
+                    # ("W", (ids...)), ("X", kind, bytes), ("A", job), ("E",), ("J", job)
 
 harp_sched is built on first use (bench/sim/build_emitter.sh) and rebuilt
 when a source under bench/sim/emit/ or core/algorithms/ is newer.
@@ -56,6 +56,10 @@ def parse(text: str) -> Schedule:
             cur.append(("W", tuple(int(x) for x in f[1:])))
         elif k == "X":
             cur.append(("X", f[1], int(f[2])))
+        elif k in ("A", "J"):
+            cur.append((k, int(f[1])))
+        elif k == "E":
+            cur.append(("E",))
         else:
             raise ValueError(f"schedule line {n}: unknown operation {line!r}")
     if len(s.ranks) != int(header["p"]):
@@ -73,6 +77,7 @@ def ensure_built() -> Path:
 
 def emit_args(algo: str | None, p: int, nbytes: int, hosts: int = 1, compress: str | None = None,
               extra: tuple = ()) -> list:
+    """harp_sched's command line (extra: e.g. ("--coll", "allgather"))."""
     args = [str(ensure_built()), "--p", str(p), "--bytes", str(nbytes), "--hosts", str(hosts)]
     args += ["--compress", compress] if compress else ["--algo", algo]
     return args + list(extra)

@@ -64,8 +64,21 @@ namespace {
 double bruckCost(double n, int p, const TransportParams& t) {
   return ceilLog2(p) * t.alpha + (p - 1) * n * t.beta + p * n * t.gamma;
 }
+
+// Across H hosts of L block-placed ranks (powers of two): the steps with
+// distance d >= L carry (p-L)·n per rank with every rank of a host sending at
+// once (L·(p-L)·n on its uplink); those with d < L mostly stay inside it
+// (a share d/L of them crosses; counted as inside):
+//   log2(L)·a_i + (L-1)·n·b_i + log2(H)·a_e + L·(p-L)·n·b_e + p·n·gamma
+double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int H = s.hosts, L = s.local, p = H * L;
+  if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
+  return ceilLog2(L) * in.alpha + (L - 1) * n * in.beta + ceilLog2(H) * ex.alpha +
+         static_cast<double>(L) * (p - L) * n * ex.beta + p * n * ex.gamma;
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "bruck", .fn = allgatherBruck, .cost = bruckCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "bruck", .fn = allgatherBruck, .cost = bruckCost,
+                         .flat_hier_cost = bruckHostsCost});
 
 }  // namespace harp

@@ -9,6 +9,7 @@
 // a sendbuf inside recvbuf anywhere else is staged in scratch first.
 // Cost: alpha + (p-2)·o + (p-1)·count·beta per rank (o: per-message overhead,
 // TransportParams::overhead; the transfers are posted at once, so latencies overlap).
+#include <algorithm>
 #include <vector>
 
 #include "core/algorithms/registry.h"
@@ -41,8 +42,18 @@ void allgatherDirect(Context& ctx) {
 namespace {
 // p-1 concurrent transfers: one latency, then each further message's overhead.
 double directCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
+
+// Across H hosts of L block-placed ranks: every rank's p-L blocks for other
+// hosts leave through its host's uplink at once (L·(p-L)·n), beside its L-1
+// blocks inside the host:
+//   burstLatency(e, p-1) + max(L·(p-L)·n·b_e, (L-1)·n·b_i)
+double directHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int H = s.hosts, L = s.local, p = H * L;
+  return burstLatency(ex, p - 1) + std::max(static_cast<double>(L) * (p - L) * n * ex.beta, (L - 1) * n * in.beta);
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "direct", .fn = allgatherDirect, .cost = directCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "direct", .fn = allgatherDirect, .cost = directCost,
+                         .flat_hier_cost = directHostsCost});
 
 }  // namespace harp

@@ -7,7 +7,7 @@
 // (same steps and bytes for any p, through a rotated scratch buffer).
 // Any count; in place when sendbuf == recvbuf + r·count (NCCL's rule); a
 // sendbuf inside recvbuf anywhere else is moved to block r first (memmove).
-// Cost: log2 p·alpha + (p-1)·count·beta.
+// Cost: log2 p·alpha + (p-1)·count·beta; across hosts: recursiveDoublingHostsCost.
 #include "core/algorithms/registry.h"
 
 namespace harp {
@@ -32,9 +32,22 @@ namespace {
 double recursiveDoublingCost(double n, int p, const TransportParams& t) {
   return ceilLog2(p) * t.alpha + (p - 1) * n * t.beta;
 }
+
+// Across H hosts of L block-placed ranks (powers of two): the first log2 L
+// rounds (masks < L) stay inside a host ((L-1)·n), the last log2 H pair hosts
+// with every rank of a host at once, so its uplink carries L·(p-L)·n:
+//   log2(L)·a_i + (L-1)·n·b_i + log2(H)·a_e + L·(p-L)·n·b_e
+double recursiveDoublingHostsCost(double n, const HierShape& s, const TransportParams& in,
+                                  const TransportParams& ex) {
+  const int H = s.hosts, L = s.local, p = H * L;
+  if (floorPow2(H) != H || floorPow2(L) != L) return recursiveDoublingCost(n, p, ex);
+  return ceilLog2(L) * in.alpha + (L - 1) * n * in.beta + ceilLog2(H) * ex.alpha +
+         static_cast<double>(L) * (p - L) * n * ex.beta;
+}
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "recursive_doubling", .fn = allgatherRecursiveDoubling,
-                         .restrictions = {.pow2_ranks = true}, .cost = recursiveDoublingCost, .fallback = "bruck"});
+                         .restrictions = {.pow2_ranks = true}, .cost = recursiveDoublingCost, .fallback = "bruck",
+                         .flat_hier_cost = recursiveDoublingHostsCost});
 
 }  // namespace harp

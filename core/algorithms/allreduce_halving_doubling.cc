@@ -12,6 +12,7 @@
 // Bitwise identical results on all ranks (each block reduced by one rank).
 // Cost (p = 2^k): 2·log2(p)·alpha + 2·(p-1)/p·n·beta + (p-1)/p·n·gamma.
 // p != 2^k adds 2·alpha + 2·n·beta + n·gamma. Mid-size messages.
+// Across hosts of block-placed ranks: halvingDoublingHostsCost below.
 #include "core/algorithms/fold.h"
 
 namespace harp {
@@ -56,8 +57,25 @@ double halvingDoublingCost(double n, int p, const TransportParams& t) {
   const double f = (q - 1.0) / q;
   return 2 * ceilLog2(q) * t.alpha + 2 * f * n * t.beta + f * n * t.gamma + fold::cost(n, p, t);
 }
+
+// Across H hosts of L block-placed ranks (H, L powers of two): the halving's
+// first log2 H rounds (masks >= L) pair hosts with every rank of a host at
+// once, exchanging n/2, n/4, ..., n/H; the last log2 L stay inside a host
+// (n/2H ... n/p); the doubling mirrors them. A host's uplink carries
+// L·(H-1)/H·n each way per phase:
+//   2·log2(H)·a_e + 2·L·(H-1)/H·n·b_e + 2·log2(L)·a_i + 2·(L-1)/L·(n/H)·b_i + (p-1)/p·n·gamma
+// (measured by the simulator, docs/scale-projection.md: at 8 ranks per host
+// 7 x the ring's time at 256 MB, where the flat formula says 1 x).
+double halvingDoublingHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int H = s.hosts, L = s.local;
+  if (floorPow2(H) != H || floorPow2(L) != L) return halvingDoublingCost(n, H * L, ex);
+  const double g = (H - 1.0) / H, f = (L - 1.0) / L, p = static_cast<double>(H) * L;
+  return 2 * ceilLog2(H) * ex.alpha + 2 * L * g * n * ex.beta + 2 * ceilLog2(L) * in.alpha + 2 * f * (n / H) * in.beta +
+         (p - 1) / p * n * ex.gamma;
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "halving_doubling", .fn = allreduceHalvingDoubling, .cost = halvingDoublingCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "halving_doubling", .fn = allreduceHalvingDoubling,
+                         .cost = halvingDoublingCost, .flat_hier_cost = halvingDoublingHostsCost});
 
 }  // namespace harp

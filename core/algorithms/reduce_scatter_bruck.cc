@@ -68,9 +68,20 @@ namespace {
 double bruckCost(double n, int p, const TransportParams& t) {
   return ceilLog2(p) * t.alpha + (p - 1) * n * (t.beta + t.gamma) + p * n * t.gamma;
 }
+
+// Across H hosts of L block-placed ranks (powers of two): the allgather's
+// host cost (allgather_bruck.cc) run backwards, plus the reductions:
+//   log2(H)·a_e + L·(p-L)·n·b_e + log2(L)·a_i + (L-1)·n·b_i + (2p-1)·n·gamma
+double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int H = s.hosts, L = s.local, p = H * L;
+  if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
+  return ceilLog2(H) * ex.alpha + static_cast<double>(L) * (p - L) * n * ex.beta + ceilLog2(L) * in.alpha +
+         (L - 1) * n * in.beta + (2.0 * p - 1) * n * ex.gamma;
+}
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kReduceScatter, .name = "bruck", .fn = reduceScatterBruck,
-                         .restrictions = {.commutative_op = true}, .cost = bruckCost, .fallback = "ring"});
+                         .restrictions = {.commutative_op = true}, .cost = bruckCost, .fallback = "ring",
+                         .flat_hier_cost = bruckHostsCost});
 
 }  // namespace harp

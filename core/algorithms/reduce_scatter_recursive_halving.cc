@@ -88,10 +88,21 @@ double recursiveHalvingCost(double n, int p, const TransportParams& t) {
   if (q != p) c += 2 * t.alpha + (p + 1) * n * t.beta + p * n * t.gamma;
   return c;
 }
+
+// Across H hosts of L block-placed ranks (powers of two): the first log2 H
+// rounds (masks >= L) pair hosts with every rank of a host at once, so its
+// uplink carries L·(p-L)·n; the last log2 L stay inside a host ((L-1)·n):
+//   log2(H)·a_e + L·(p-L)·n·b_e + log2(L)·a_i + (L-1)·n·b_i + (p-1)·n·gamma
+double recursiveHalvingHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int H = s.hosts, L = s.local, p = H * L;
+  if (floorPow2(H) != H || floorPow2(L) != L) return recursiveHalvingCost(n, p, ex);
+  return ceilLog2(H) * ex.alpha + static_cast<double>(L) * (p - L) * n * ex.beta + ceilLog2(L) * in.alpha +
+         (L - 1) * n * in.beta + (p - 1) * n * ex.gamma;
+}
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kReduceScatter, .name = "recursive_halving",
                          .fn = reduceScatterRecursiveHalving, .restrictions = {.commutative_op = true},
-                         .cost = recursiveHalvingCost, .fallback = "ring"});
+                         .cost = recursiveHalvingCost, .fallback = "ring", .flat_hier_cost = recursiveHalvingHostsCost});
 
 }  // namespace harp

@@ -2,6 +2,7 @@
 
 #include "base/env.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -44,13 +45,18 @@ const Algorithm* cheapest(const SelectQuery& q, const TransportParams& t) {
 }
 
 // Step 5 of core/select/select.h: a hierarchical algorithm replaces the flat pick
-// only where the model predicts it faster. Runs only when the query could
-// allow one (several hosts, a host with several ranks).
+// only where the model predicts it faster than the flat pick and than the
+// cheapest flat candidate: a table row names the best flat algorithm where it
+// was measured, which says nothing about how a hierarchical one compares with
+// the other flat ones. Runs only when the query could allow one (several
+// hosts, a host with several ranks).
 void preferHierarchy(const SelectQuery& q, Selection& s) {
   if (!q.hier_auto || q.hosts < 2 || q.max_local < 2 || s.pick->hier_cost) return;
   const double flat = predictedSeconds(*s.pick, q, s.params);
+  double bar = flat;
+  if (const Algorithm* c = cheapest(q, s.params)) bar = std::min(bar, predictedSeconds(*c, q, s.params));
   const Algorithm* best = nullptr;
-  double best_s = flat;
+  double best_s = bar;
   for (const Algorithm* a : algorithmsOf(q.coll)) {
     if (!a->hier_cost || !failedRestriction(*a, q).empty()) continue;
     double t = predictedSeconds(*a, q, s.params);

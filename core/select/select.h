@@ -16,8 +16,9 @@
 //              communicator spans several hosts with several ranks on one,
 //              the cheapest applicable hierarchical algorithm (HierCostFn,
 //              intra = shm's line, inter = tcp's) replaces it only if the
-//              model predicts it faster than that flat pick (HARP_HIER=0:
-//              never). The inputs are the host map and the calibration, the
+//              model predicts it faster than that flat pick and than the
+//              cheapest flat candidate (a row's pick was measured against
+//              flat algorithms only) (HARP_HIER=0: never). The inputs are the host map and the calibration, the
 //              same on every rank, so every rank decides alike. The tuning
 //              table's flat rows keep deciding among flat algorithms.
 //              A flat algorithm that declares flat_hier_cost is costed with

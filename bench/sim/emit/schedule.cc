@@ -15,6 +15,8 @@ Schedule& current() {
 void setCurrent(Schedule* s) { g_current = s; }
 
 uint32_t Schedule::post(char kind, int peer, uint64_t bytes, int comm) {
+  if (kind == 'S' && ++messages_ > limit_ && limit_ > 0)
+    throw TooMany("more than " + std::to_string(limit_) + " messages (--max-msgs)");
   Op o;
   o.kind = kind;
   o.peer = peer;
@@ -40,6 +42,27 @@ void Schedule::work(const char* what, uint64_t bytes) {
   o.what = what;
   o.bytes = bytes;
   ranks_[cur_].push_back(std::move(o));
+}
+
+int Schedule::beginJob() {
+  Op o;
+  o.kind = 'A';
+  o.peer = next_job_++;
+  ranks_[cur_].push_back(o);
+  return o.peer;
+}
+
+void Schedule::endJob() {
+  Op o;
+  o.kind = 'E';
+  ranks_[cur_].push_back(o);
+}
+
+void Schedule::join(int job) {
+  Op o;
+  o.kind = 'J';
+  o.peer = job;
+  ranks_[cur_].push_back(o);
 }
 
 uint64_t Schedule::sent(int rank) const {
@@ -68,6 +91,13 @@ void Schedule::write(std::FILE* f, const std::string& header) const {
           std::fputc('W', f);
           for (uint32_t id : o.ids) std::fprintf(f, " %u", id);
           std::fputc('\n', f);
+          break;
+        case 'A':
+        case 'J':
+          std::fprintf(f, "%c %d\n", o.kind, o.peer);
+          break;
+        case 'E':
+          std::fputs("E\n", f);
           break;
         default:
           std::fprintf(f, "X %s %llu\n", o.what, static_cast<unsigned long long>(o.bytes));

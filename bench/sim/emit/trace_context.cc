@@ -82,7 +82,14 @@ void Context::sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* 
   waitAll({s, r});
 }
 
-void* Context::scratch(size_t bytes) { return res_.scratch.reserve(bytes); }
+// Scratch is one reserved region for every Context (nothing reads data in a
+// trace, so legs may share it): copies into it are recorded (trace_memory.cc).
+void* Context::scratch(size_t bytes) {
+  constexpr size_t kRoom = size_t{1} << 42;
+  static void* room = sim::reserveRegion(kRoom);
+  if (bytes > kRoom) throw std::runtime_error("harp_sched: scratch of " + std::to_string(bytes) + " bytes");
+  return room;
+}
 size_t Context::segmentBytes() const { return res_.segment_bytes; }
 transport::Transport* Context::transportOf(int) const { return nullptr; }
 SubComms& Context::subComms() { return sim::subCommsOf(frameOf(this)); }

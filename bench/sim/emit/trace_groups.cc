@@ -4,6 +4,7 @@
 // frame, recording into the same Schedule.
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <stdexcept>
 
 #include "bench/sim/emit/frames.h"
@@ -11,6 +12,7 @@
 #include "core/algorithms/group.h"
 #include "core/algorithms/registry.h"
 #include "core/engine/resources.h"
+#include "core/select/select.h"
 
 namespace harp::sim {
 namespace {
@@ -21,19 +23,34 @@ struct Layout {
   std::optional<Frame> next;
   SubComms subs;
   int subs_rank = -1;
+  Topology topo;  // the block placement's host map (SubComms::topo)
 } g;
 
-std::string legAlgorithm(CollType c, size_t bytes, int comm) {
+std::string legAlgorithm(const CollArgs& a, int comm, int size) {
   const LegPolicy& pol = g.policy;
-  if (c == CollType::kReduce)
-    return !pol.intra_reduce.empty() ? pol.intra_reduce : bytes < 256 * 1024 ? "binomial" : "pipeline";
-  if (c == CollType::kBroadcast) return !pol.intra_broadcast.empty() ? pol.intra_broadcast : "binomial";
-  if (c == CollType::kAllreduce && comm == 2) {
-    if (!pol.leaders_allreduce.empty()) return pol.leaders_allreduce;
-    return bytes < 16 * 1024 ? "recursive_doubling" : bytes < 2 * 1024 * 1024 ? "halving_doubling" : "ring";
-  }
-  throw std::invalid_argument("harp_sched: no leg policy for this collective on sub-communicator " +
-                              std::to_string(comm));
+  if (comm == 1 && a.coll == CollType::kReduce && !pol.intra_reduce.empty()) return pol.intra_reduce;
+  if (comm == 1 && a.coll == CollType::kBroadcast && !pol.intra_broadcast.empty()) return pol.intra_broadcast;
+  if (comm == 2 && a.coll == CollType::kAllreduce && !pol.leaders_allreduce.empty()) return pol.leaders_allreduce;
+  if (!pol.cal || !pol.table) throw std::logic_error("harp_sched: no selector tables for the legs");
+  SelectQuery q;
+  q.coll = a.coll;
+  q.count = a.count;
+  q.bytes = a.count * dtypeSize(a.dtype);
+  q.ranks = size;
+  q.transport = comm == 1 ? "shm" : "tcp";
+  q.in_place = a.sendbuf && a.sendbuf == a.recvbuf;
+  q.op = a.op;
+  q.hosts = comm == 1 ? 1 : size;
+  q.min_local = q.max_local = 1;
+  if (comm == 1) q.min_local = q.max_local = size;
+  q.blocked = true;
+  return selectAlgorithm(q, *pol.table, *pol.cal, false).pick->name;
+}
+
+// A submitted leg's Work (Group::submit): the job it ran as; Work::wait joins it.
+std::unordered_map<const Work*, int>& jobs() {
+  static std::unordered_map<const Work*, int> m;
+  return m;
 }
 
 class TraceGroup : public Group {
@@ -41,16 +58,28 @@ class TraceGroup : public Group {
   TraceGroup(std::vector<int> ranks, int me, int comm) : ranks_(std::move(ranks)), me_(me), comm_(comm) {}
   int size() const override { return static_cast<int>(ranks_.size()); }
   void run(CollArgs a) override {
-    const Algorithm* algo = findAlgorithm(a.coll, legAlgorithm(a.coll, a.count * dtypeSize(a.dtype), comm_));
-    if (!algo) throw std::invalid_argument("harp_sched: leg algorithm not linked into harp_sched");
+    const std::string name = legAlgorithm(a, comm_, size());
+    const Algorithm* algo = findAlgorithm(a.coll, name);
+    if (!algo) throw std::invalid_argument("harp_sched: leg algorithm " + name + " not linked into harp_sched");
     CommResources res;
     res.segment_bytes = g.policy.segment_bytes;
     setNextFrame({ranks_, comm_});
     Context ctx(res, me_, size(), a, 0, a.opts.timeout_s);
     algo->fn(ctx);
   }
-  std::shared_ptr<Work> submit(CollArgs, bool) override {
-    throw std::invalid_argument("harp_sched: asynchronous legs (Group::submit) are not traced");
+  // An asynchronous leg runs on the group's worker thread in HARP: here a job
+  // of the rank's lane (schedule.h), recorded now, joined by Work::wait.
+  std::shared_ptr<Work> submit(CollArgs a, bool async) override {
+    auto w = std::make_shared<Work>();
+    if (!async) {
+      run(std::move(a));
+      return w;
+    }
+    const int job = current().beginJob();
+    run(std::move(a));
+    current().endJob();
+    jobs()[w.get()] = job;
+    return w;
   }
   void abort(const std::string&) override {}
   bool broken() const override { return false; }
@@ -72,6 +101,18 @@ void setLayout(int p, int hosts, const LegPolicy& policy) {
   g.local = p / hosts;
   g.policy = policy;
   g.subs_rank = -1;
+  Topology t;
+  t.size = p;
+  t.hosts = hosts;
+  t.min_local = t.max_local = p / hosts;
+  t.blocked = true;
+  t.ranks_of.assign(hosts, {});
+  for (int r = 0; r < p; ++r) {
+    t.host_of.push_back(r / t.max_local);
+    t.local_rank_of.push_back(r % t.max_local);
+    t.ranks_of[r / t.max_local].push_back(r);
+  }
+  g.topo = std::move(t);
 }
 
 void setNextFrame(Frame f) { g.next = std::move(f); }
@@ -92,6 +133,7 @@ SubComms& subCommsOf(const Frame& f) {
   SubComms s;
   s.local_rank = lr;
   s.host = h;
+  s.topo = &g.topo;
   std::vector<int> intra, rail;
   for (int i = 0; i < g.local; ++i) intra.push_back(h * g.local + i);
   for (int j = 0; j < g.hosts; ++j) rail.push_back(j * g.local + lr);
@@ -103,3 +145,19 @@ SubComms& subCommsOf(const Frame& f) {
 }
 
 }  // namespace harp::sim
+
+namespace harp {
+// A second definition of Work's waits (core/engine/executor.cc is not linked):
+// the job is joined once, at its first wait.
+bool Work::wait(double) {
+  auto& m = sim::jobs();
+  if (auto it = m.find(this); it != m.end()) {
+    sim::current().join(it->second);
+    m.erase(it);
+  }
+  return true;
+}
+bool Work::test() { return true; }
+bool Work::failed() { return false; }
+std::string Work::error() { return ""; }
+}  // namespace harp

@@ -1,0 +1,520 @@
+// bench/sim/replay/harp_replay.cc — harp_replay: replays a HARP schedule
+// (bench/sim/emit/schedule.h's text, as harp_sched writes it) in SimGrid's C++
+// S4U API. The same model as bench/sim/replay.py (the Python reference), so
+// the arena calibration carries over:
+//
+//   * one actor per rank runs its operations in order; S: spend the send
+//     overhead (sleep), then an asynchronous put of <bytes> (at least 1) on the
+//     mailbox "<src>><dst>:<comm>" (one mailbox per directed pair and
+//     connection set: HARP's per-pair FIFO matching); V: an asynchronous get on
+//     that mailbox; W: wait for the listed requests; X: execute <bytes> /
+//     reduce_Bps seconds of local work on the rank's core;
+//   * every mailbox a rank receives on has that rank as its permanent receiver,
+//     so a send moves bytes as soon as it is posted (TCP's eager socket
+//     buffers), not when the receive is posted;
+//   * the platform (bench/sim/platforms.py's build()): hosts x ranks per host,
+//     star zones; a rank's split-duplex memory link (shm rate, shm latency /
+//     2) to its host's router; the host's split-duplex NIC (rtt / 4 latency
+//     each way) and, where set, a FATPIPE per-flow cap; network/model CM02,
+//     network/TCP-gamma = the TCP window;
+//   * the arena's tbf bucket (burst_B > 0): the NICs run at burst_Bps, and each
+//     inter-host message is charged to the sender host's up bucket and the
+//     receiver host's down bucket (refill link_Bps, depth burst_B); a message
+//     the buckets do not cover is held by a helper actor until they have
+//     refilled the debt, then put (the rank goes on at once);
+//   * A/E/J lines (a rank's lane: rail's asynchronous legs): a second actor per
+//     such rank runs the jobs in the order posted; J waits for one;
+//   * iterations > 1: the schedule runs that many times back to back (no
+//     barrier); the result is the mean of the iterations after the first.
+//
+// Usage:
+//   harp_replay --spec hosts=8,local=8,link_Bps=3.125e9,rtt_s=1e-3,...
+//               [--iterations N] [--factory raw|ucontext|thread] [SCHEDULE|-]
+// Prints "sim-seconds S", "messages M", "wall-seconds W" (the replay's own
+// run time). Spec keys are platforms.Spec's fields; unknown keys, malformed
+// numbers and schedules that do not parse are errors naming the culprit.
+//
+// Threading: SimGrid runs the actors one at a time (cooperative contexts).
+#include <simgrid/s4u.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace sg4 = simgrid::s4u;
+
+namespace {
+int g_payload;  // SimGrid refuses a null payload; every message carries this address, never read
+
+struct Spec {
+  int hosts = 0, local = 1;
+  double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
+         send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0;
+  double nic_Bps() const { return burst_B > 0 ? burst_Bps : link_Bps; }
+  int ranks() const { return hosts * local; }
+};
+
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "harp_replay: %s\n", why.c_str());
+  std::exit(2);
+}
+
+double number(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || errno || !std::isfinite(x) || x < 0)
+    fail("--spec " + key + "=" + v + ": not a finite number >= 0");
+  return x;
+}
+
+Spec parseSpec(const std::string& s) {
+  Spec sp;
+  std::map<std::string, double*> dbl = {
+      {"link_Bps", &sp.link_Bps},         {"rtt_s", &sp.rtt_s},       {"flow_cap_Bps", &sp.flow_cap_Bps},
+      {"shm_Bps", &sp.shm_Bps},           {"shm_lat_s", &sp.shm_lat_s}, {"reduce_Bps", &sp.reduce_Bps},
+      {"send_overhead_s", &sp.send_overhead_s}, {"tcp_window_B", &sp.tcp_window_B},
+      {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}};
+  std::stringstream in(s);
+  std::string kv;
+  while (std::getline(in, kv, ',')) {
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) fail("--spec: '" + kv + "' is not key=value");
+    std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (k == "hosts" || k == "local") {
+      double x = number(k, v);
+      if (x < 1 || x > 1 << 20 || x != std::floor(x)) fail("--spec " + k + "=" + v + ": not a count >= 1");
+      (k == "hosts" ? sp.hosts : sp.local) = static_cast<int>(x);
+    } else if (auto it = dbl.find(k); it != dbl.end()) {
+      *it->second = number(k, v);
+    } else {
+      fail("--spec: unknown key '" + k + "'");
+    }
+  }
+  if (sp.hosts < 1) fail("--spec needs hosts=N");
+  if (sp.link_Bps <= 0 || sp.shm_Bps <= 0 || sp.reduce_Bps <= 0) fail("--spec: rates must be > 0");
+  if (sp.burst_B > 0 && sp.burst_Bps <= 0) fail("--spec: burst_B needs burst_Bps > 0");
+  return sp;
+}
+
+// One operation of a rank, compact: S/V carry the request id and the mailbox;
+// W the range [first, first + n) of Rank::waits; X the seconds of work.
+struct Op {
+  char kind;
+  int peer = -1;
+  uint32_t id = 0;     // S, V: request id; W: offset into waits
+  uint32_t n = 0;      // W: how many ids
+  uint64_t bytes = 0;  // S, V
+  int comm = 0;
+  double seconds = 0;  // X
+  sg4::Mailbox* mb = nullptr;
+};
+
+struct Rank {
+  std::vector<Op> ops;
+  std::vector<std::vector<Op>> jobs;  // the lane's jobs (A ... E), by number
+  std::vector<uint32_t> waits;
+  uint32_t max_id = 0;
+};
+
+struct Schedule {
+  std::string header;
+  int p = 0;
+  std::vector<Rank> ranks;
+  uint64_t messages = 0;
+};
+
+Schedule parseSchedule(std::istream& in, double reduce_Bps) {
+  Schedule s;
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("# harp-schedule 1 ", 0) != 0)
+    fail("not a harp-schedule 1 file (first line: '" + line.substr(0, 80) + "')");
+  s.header = line.substr(18);
+  {
+    std::stringstream h(s.header);
+    std::string kv;
+    while (h >> kv)
+      if (kv.rfind("p=", 0) == 0) s.p = std::atoi(kv.c_str() + 2);
+  }
+  if (s.p < 1) fail("schedule header names no p: " + s.header);
+  s.ranks.resize(s.p);
+  Rank* cur = nullptr;
+  std::vector<Op>* target = nullptr;  // cur->ops, or the job being read
+  long n = 1;
+  auto bad = [&](const std::string& why) { fail("schedule line " + std::to_string(n) + ": " + why + ": '" + line + "'"); };
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    const char* c = line.c_str();
+    char* e = nullptr;
+    if (c[0] == 'R') {
+      long r = std::strtol(c + 1, &e, 10);
+      if (e == c + 1 || r < 0 || r >= s.p) bad("rank out of range");
+      cur = &s.ranks[r];
+      target = &cur->ops;
+      continue;
+    }
+    if (!cur) bad("an operation before the first R line");
+    if (c[0] == 'A' || c[0] == 'J') {
+      long job = std::strtol(c + 1, &e, 10);
+      if (e == c + 1 || job < 0 || job > 1 << 20) bad("a job number");
+      if (c[0] == 'A') {
+        if (target != &cur->ops) bad("a job inside a job");
+        if (static_cast<size_t>(job) != cur->jobs.size()) bad("jobs must be numbered 0, 1, ... in order");
+        cur->jobs.emplace_back();
+      } else if (static_cast<size_t>(job) >= cur->jobs.size()) {
+        bad("a join of a job not started");
+      }
+      Op o;
+      o.kind = c[0];
+      o.peer = static_cast<int>(job);
+      cur->ops.push_back(o);
+      if (c[0] == 'A') target = &cur->jobs.back();
+      continue;
+    }
+    if (c[0] == 'E') {
+      if (target == &cur->ops) bad("E outside a job");
+      target = &cur->ops;
+      continue;
+    }
+    Op o;
+    o.kind = c[0];
+    if (o.kind == 'S' || o.kind == 'V') {
+      unsigned long long id, peer, bytes, comm;
+      if (std::sscanf(c + 1, "%llu %llu %llu %llu", &id, &peer, &bytes, &comm) != 4) bad("want S|V id peer bytes comm");
+      if (peer >= static_cast<unsigned long long>(s.p) || comm > 64 || id > (1u << 31)) bad("peer, comm or id out of range");
+      o.id = static_cast<uint32_t>(id);
+      o.peer = static_cast<int>(peer);
+      o.bytes = bytes;
+      o.comm = static_cast<int>(comm);
+      cur->max_id = std::max(cur->max_id, o.id + 1);
+      if (o.kind == 'S') ++s.messages;
+    } else if (o.kind == 'W') {
+      o.id = static_cast<uint32_t>(cur->waits.size());
+      const char* q = c + 1;
+      while (true) {
+        while (*q == ' ') ++q;
+        if (!*q) break;
+        unsigned long long id = std::strtoull(q, &e, 10);
+        if (e == q || id > (1u << 31)) bad("a wait's request id");
+        cur->waits.push_back(static_cast<uint32_t>(id));
+        q = e;
+      }
+      o.n = static_cast<uint32_t>(cur->waits.size() - o.id);
+    } else if (o.kind == 'X') {
+      char what[32];
+      unsigned long long bytes;
+      if (std::sscanf(c + 1, "%31s %llu", what, &bytes) != 2) bad("want X kind bytes");
+      o.seconds = static_cast<double>(bytes) / reduce_Bps;  // every kind at the reduction rate (replay.py's X_RATE)
+    } else {
+      bad("unknown operation");
+    }
+    target->push_back(o);
+  }
+  if (cur && target != &cur->ops) fail("schedule ends inside a job");
+  return s;
+}
+
+// The per-flow cap as a bound on each flow (CM02's TCP window: a flow's rate
+// <= window / (2 x its route's latency)) instead of platforms.py's FATPIPE
+// link. The same limit (every flow between hosts at most flow_cap_Bps; flows
+// do not share it), but a FATPIPE link is a constraint every flow between
+// hosts crosses, which ties them all into one max-min system solved again at
+// every flow's start and end; a bound on the flow's own variable ties nothing.
+// The window is flow_cap x (rtt + 2 x shm latency), the round trip of a route
+// between hosts; flows inside a host (latency shm_lat) get a bound far above
+// their memory link. 0 when the window would bind less than tcp_window_B does
+// not matter: then min(tcp_window_B, that) is used, as both limits hold.
+bool g_window_cap = true;  // --fatpipe-cap: platforms.py's link instead (comparison)
+bool windowCap(const Spec& sp) { return g_window_cap && sp.flow_cap_Bps > 0; }
+double tcpWindow(const Spec& sp) {
+  if (!windowCap(sp)) return sp.tcp_window_B;
+  return std::min(sp.tcp_window_B, sp.flow_cap_Bps * (sp.rtt_s + 2 * sp.shm_lat_s));
+}
+
+// platforms.py's build(): returns the rank hosts, by rank.
+std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
+  using LR = sg4::LinkInRoute;
+  auto* root = sg4::create_star_zone("arena");
+  sg4::Link* cap = nullptr;
+  if (sp.flow_cap_Bps > 0 && !windowCap(sp)) {
+    cap = root->create_link("flowcap", sp.flow_cap_Bps)->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE);
+    cap->seal();
+  }
+  std::vector<sg4::Host*> ranks;
+  ranks.reserve(sp.ranks());
+  for (int h = 0; h < sp.hosts; ++h) {
+    auto* zone = sg4::create_star_zone("host" + std::to_string(h));
+    zone->set_parent(root);
+    auto* gw = zone->create_router("gw" + std::to_string(h));
+    for (int i = 0; i < sp.local; ++i) {
+      const int r = h * sp.local + i;
+      auto* host = zone->create_host("r" + std::to_string(r), 1.0)->seal();
+      auto* mem = zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2);
+      mem->seal();
+      zone->add_route(host->get_netpoint(), nullptr, nullptr, nullptr, {LR(mem, LR::Direction::UP)}, false);
+      zone->add_route(nullptr, host->get_netpoint(), nullptr, nullptr, {LR(mem, LR::Direction::DOWN)}, false);
+      ranks.push_back(host);
+    }
+    zone->seal();
+    auto* nic = root->create_split_duplex_link("nic" + std::to_string(h), sp.nic_Bps())->set_latency(sp.rtt_s / 4);
+    nic->seal();
+    std::vector<LR> up = {LR(nic, LR::Direction::UP)};
+    if (cap) up.emplace_back(cap);
+    root->add_route(zone->get_netpoint(), nullptr, gw, nullptr, up, false);
+    root->add_route(nullptr, zone->get_netpoint(), nullptr, gw, {LR(nic, LR::Direction::DOWN)}, false);
+  }
+  root->seal();
+  return ranks;
+}
+
+struct Sim {
+  Spec sp;
+  Schedule* s = nullptr;
+  std::vector<sg4::Host*> hosts;
+  int iterations = 1;
+  std::vector<std::vector<double>> finish;           // [rank][iteration]
+  std::vector<std::pair<double, double>> buckets;    // [tokens, last refill]: up h, then down h
+
+  // Charges an inter-host message to both buckets; the seconds it must be held.
+  double shaped(int src, int dst, uint64_t bytes) {
+    const double now = sg4::Engine::get_clock();
+    double hold = 0;
+    for (auto* b : {&buckets[src / sp.local], &buckets[sp.hosts + dst / sp.local]}) {
+      b->first = std::min(sp.burst_B, b->first + (now - b->second) * sp.link_Bps);
+      b->second = now;
+      b->first -= static_cast<double>(bytes);  // may go negative: the debt refills at link rate
+      hold = std::max(hold, -b->first / sp.link_Bps);
+    }
+    return hold;
+  }
+};
+
+// A request: a comm (S, V) or a helper actor holding a shaped send.
+struct Req {
+  sg4::CommPtr comm;
+  sg4::ActorPtr held;
+  void* payload = nullptr;
+  bool live = false;
+  void done() {
+    if (comm) comm->wait();
+    else if (held) held->join();
+    comm = nullptr;
+    held = nullptr;
+    live = false;
+  }
+};
+
+// The state one rank's actors share: its requests, and its lane (the worker
+// thread of a hierarchical algorithm's asynchronous legs: jobs run in order).
+struct RankState {
+  std::vector<Req> reqs;
+  std::deque<int> queue;                   // jobs posted, not yet started
+  sg4::SemaphorePtr posted;                // one release per posted job
+  std::vector<sg4::SemaphorePtr> done;     // one release per finished job (per iteration)
+};
+
+void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
+  Rank& rk = sim->s->ranks[r];
+  const Spec& sp = sim->sp;
+  auto& reqs = st.reqs;
+  // Sends still in flight, oldest first. SimGrid's cost of finishing a comm
+  // grows with the comms its issuer has not waited for (a list scan), and
+  // algorithms wait for their sends late (the ring: all at the end), so each
+  // new send first reaps the finished ones at the front with test(), which
+  // takes no simulated time: a later W on them returns at once, as it would.
+  std::deque<uint32_t> in_flight;
+  auto reap = [&]() {
+    while (!in_flight.empty()) {
+      Req& q = reqs[in_flight.front()];
+      if (q.live && q.comm && !q.comm->test()) break;
+      if (q.live && q.comm) {
+        q.comm = nullptr;
+        q.live = false;
+      }
+      in_flight.pop_front();
+    }
+  };
+  for (const Op& o : ops) {
+    switch (o.kind) {
+      case 'S': {
+        reap();
+        if (sp.send_overhead_s > 0) sg4::this_actor::sleep_for(sp.send_overhead_s);
+        const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
+        double hold = sp.burst_B > 0 && r / sp.local != o.peer / sp.local ? sim->shaped(r, o.peer, o.bytes) : 0;
+        Req& q = reqs[o.id];
+        if (q.live) q.done();  // a request id reused before its wait (never in harp_sched's output)
+        q.live = true;
+        if (hold > 0) {
+          sg4::Mailbox* mb = o.mb;
+          q.held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
+            sg4::this_actor::sleep_for(hold);
+            mb->put(&g_payload, bytes);
+          });
+        } else {
+          q.comm = o.mb->put_async(&g_payload, bytes);
+          in_flight.push_back(o.id);
+        }
+        break;
+      }
+      case 'V': {
+        Req& q = reqs[o.id];
+        if (q.live) q.done();
+        q.live = true;
+        q.comm = o.mb->get_async(&q.payload);
+        break;
+      }
+      case 'W':
+        for (uint32_t i = 0; i < o.n; ++i) {
+          const uint32_t id = rk.waits[o.id + i];
+          if (id < reqs.size() && reqs[id].live) reqs[id].done();
+        }
+        break;
+      case 'A':
+        st.queue.push_back(o.peer);
+        st.posted->release();
+        break;
+      case 'J':
+        st.done[o.peer]->acquire();
+        break;
+      default:
+        sg4::this_actor::execute(o.seconds);  // hosts run 1 flop/s: flops = seconds
+    }
+  }
+}
+
+void laneActor(Sim* sim, int r, RankState* st) {
+  for (;;) {
+    st->posted->acquire();
+    const int job = st->queue.front();
+    st->queue.pop_front();
+    runOps(sim, r, sim->s->ranks[r].jobs[job], *st);
+    st->done[job]->release();
+  }
+}
+
+void rankActor(Sim* sim, int r) {
+  Rank& rk = sim->s->ranks[r];
+  // Never freed: the lane (a daemon) still waits on its semaphore when the rank ends.
+  RankState& st = *new RankState;
+  st.reqs.resize(rk.max_id);
+  if (!rk.jobs.empty()) {
+    st.posted = sg4::Semaphore::create(0);
+    for (size_t j = 0; j < rk.jobs.size(); ++j) st.done.push_back(sg4::Semaphore::create(0));
+    sg4::Actor::create("lane" + std::to_string(r), sim->hosts[r], laneActor, sim, r, &st)->daemonize();
+  }
+  for (int it = 0; it < sim->iterations; ++it) {
+    runOps(sim, r, rk.ops, st);
+    for (Req& q : st.reqs)
+      if (q.live) q.done();
+    sim->finish[r][it] = sg4::Engine::get_clock();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string spec_text, path = "-", factory = "raw";
+  int iterations = 1;
+  std::vector<std::string> extra_cfg;  // --cfg key:value, passed to SimGrid (experiments)
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--spec") spec_text = value();
+    else if (a == "--iterations") iterations = std::atoi(value().c_str());
+    else if (a == "--factory") factory = value();
+    else if (a == "--cfg") extra_cfg.push_back("--cfg=" + value());
+    else if (a == "--fatpipe-cap") g_window_cap = false;
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [SCHEDULE|-]\n");
+      return 0;
+    } else if (!a.empty() && a[0] == '-' && a != "-") fail("unknown option " + a);
+    else path = a;
+  }
+  if (iterations < 1 || iterations > 1000) fail("--iterations must be 1..1000");
+  if (factory != "raw" && factory != "ucontext" && factory != "thread" && factory != "boost")
+    fail("--factory must be raw, ucontext, boost or thread");
+  Sim sim;
+  sim.sp = parseSpec(spec_text);
+  const auto t0 = std::chrono::steady_clock::now();
+  Schedule sched;
+  if (path == "-") {
+    std::ios::sync_with_stdio(false);
+    sched = parseSchedule(std::cin, sim.sp.reduce_Bps);
+  } else {
+    std::ifstream f(path);
+    if (!f) fail("cannot read " + path);
+    sched = parseSchedule(f, sim.sp.reduce_Bps);
+  }
+  if (sched.p != sim.sp.ranks())
+    fail("the schedule has " + std::to_string(sched.p) + " ranks, the platform " + std::to_string(sim.sp.hosts) + " x " +
+         std::to_string(sim.sp.local));
+  sim.s = &sched;
+  sim.iterations = iterations;
+
+  std::vector<std::string> args = {"harp_replay", "--log=root.thres:critical", "--cfg=contexts/factory:" + factory,
+                                   "--cfg=contexts/stack-size:256", "--cfg=network/model:CM02"};
+  args.insert(args.end(), extra_cfg.begin(), extra_cfg.end());
+  std::vector<char*> cargs;
+  for (auto& x : args) cargs.push_back(x.data());
+  int cargc = static_cast<int>(cargs.size());
+  sg4::Engine e(&cargc, cargs.data());
+  sg4::Engine::set_config("network/TCP-gamma", tcpWindow(sim.sp));
+  sim.hosts = buildPlatform(sim.sp);
+
+  // Mailboxes: one per (src, dst, comm) that carries a message; its receiver set (eager).
+  std::unordered_map<uint64_t, sg4::Mailbox*> boxes;
+  auto box = [&](int src, int dst, int comm) {
+    const uint64_t key = (static_cast<uint64_t>(src) << 32) | (static_cast<uint64_t>(dst) << 7) | static_cast<uint64_t>(comm);
+    auto [it, fresh] = boxes.try_emplace(key, nullptr);
+    if (fresh) it->second = sg4::Mailbox::by_name(std::to_string(src) + ">" + std::to_string(dst) + ":" + std::to_string(comm));
+    return it->second;
+  };
+  auto boxes_of = [&](int r, std::vector<Op>& ops) {
+    for (Op& o : ops) {
+      if (o.kind == 'S') o.mb = box(r, o.peer, o.comm);
+      else if (o.kind == 'V') o.mb = box(o.peer, r, o.comm);
+    }
+  };
+  for (int r = 0; r < sched.p; ++r) {
+    boxes_of(r, sched.ranks[r].ops);
+    for (auto& job : sched.ranks[r].jobs) boxes_of(r, job);
+  }
+  sim.finish.assign(sched.p, std::vector<double>(iterations, 0.0));
+  sim.buckets.assign(2 * sim.sp.hosts, {sim.sp.burst_B, 0.0});
+  for (int r = 0; r < sched.p; ++r) {
+    auto a = sg4::Actor::create("rank" + std::to_string(r), sim.hosts[r], rankActor, &sim, r);
+    for (Op& o : sched.ranks[r].ops)
+      if (o.kind == 'V') o.mb->set_receiver(a);
+    for (auto& job : sched.ranks[r].jobs)
+      for (Op& o : job)
+        if (o.kind == 'V') o.mb->set_receiver(a);
+  }
+  e.run();
+  for (auto& kv : boxes) kv.second->set_receiver(nullptr);
+  std::vector<double> ends(iterations, 0.0);
+  for (int it = 0; it < iterations; ++it)
+    for (int r = 0; r < sched.p; ++r) ends[it] = std::max(ends[it], sim.finish[r][it]);
+  const double t = iterations == 1 ? ends[0] : (ends.back() - ends[0]) / (iterations - 1);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("sim-seconds %.9f\nmessages %llu\nwall-seconds %.3f\n", t, static_cast<unsigned long long>(sched.messages),
+              wall);
+  return 0;
+}
