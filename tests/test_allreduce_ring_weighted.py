@@ -226,6 +226,8 @@ def test_the_probe_finds_a_slow_host_on_a_shaped_link(tmp_path):
     # Host 2 at a tenth of the rate: the probe finds its links (1 -> 2, 2 -> 0) far slower than 0 -> 1 ...
     assert max(link[1], link[2]) < link[0] / 3, r.stdout
     # ... and the layout moves the bytes off them: chunk 0, which both slow senders skip, takes the
-    # most; chunk 1, which only the fast sender skips, nothing.
-    assert fr[0] == max(fr) and fr[0] >= 0.5 and fr[1] < 0.05, r.stdout
+    # most, and each slow sender (rank r sends 2 - f(r+1) - f(r+2) vectors) sends at most 1.2 vectors,
+    # where equal chunks make every rank send 4/3 (the floor is 1: no rank sends less).
+    assert fr[0] == max(fr) and fr[0] >= 0.5, r.stdout
+    assert 2 - fr[2] - fr[0] <= 1.2 and 2 - fr[0] - fr[1] <= 1.2, r.stdout
     assert tc._leftovers(name, 3) == []
