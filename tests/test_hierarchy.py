@@ -225,9 +225,9 @@ def test_explain_never_picks_hierarchy_at_one_rank_per_host_or_one_host(size, pp
 
 def test_explain_picks_rail_for_large_messages_on_2x2_and_says_why(monkeypatch):
     pick, why, out = explain_pick("allreduce", "32M", [2, 2])
-    assert pick == "rail" and "hierarchical rail predicted" in why and "flat pick ring" in why, out
+    assert pick == "rail" and "hierarchical rail predicted" in why and "flat pick ring_weighted" in why, out
     monkeypatch.setenv("HARP_HIER", "0")
-    assert explain_pick("allreduce", "32M", [2, 2])[0] == "ring"
+    assert explain_pick("allreduce", "32M", [2, 2])[0] == "ring_weighted"
     monkeypatch.delenv("HARP_HIER")
     pick, _, out = explain_pick("allreduce", "32M", [3, 1])
     assert pick != "rail" and re.search(r"^  rail .*failed: needs the same rank count", out, re.M), out

@@ -70,18 +70,22 @@ def split_lib(spec):
     return lib, env
 
 
-def run_lib(name, spec, hosts, wargs, timeout):
+def run_lib(name, spec, hosts, wargs, timeout, ppn=1, env=None):
+    """The harp-bench worker of library `spec` (LIB or LIB@VAR=V+...) as `ppn` ranks on each of `hosts`
+    arena hosts, `env` more variables for the ranks; the ranks' results merged."""
     lib, extra = split_lib(spec)
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
-               **extra)
-    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--launcher",
-           LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m", "harp_dev.bench.workers", lib,
-           json.dumps(wargs)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
+    ranks_env = dict(os.environ, PYTHONPATH=os.path.abspath(PYDIR), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    ranks_env.update(env or {})
+    ranks_env.update(extra)
+    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts),
+           *(["--ppn", str(ppn)] if ppn != 1 else []), "--launcher", LIBS[lib], "--timeout", str(timeout), "--",
+           sys.executable, "-m", "harp_dev.bench.workers", lib, json.dumps(wargs)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ranks_env, timeout=timeout + 60)
     if r.returncode:
-        raise RuntimeError(f"{lib} on {hosts} hosts failed ({r.returncode}): {r.stderr[-2000:]}")
+        where = f"{hosts} hosts" if ppn == 1 else f"{hosts}x{ppn}"
+        raise RuntimeError(f"{lib} on {where} failed ({r.returncode}): {r.stderr[-2000:]}")
     # every rank checked its own results and wrote <out>.rank<r> (harp_dev.bench.check); merged here
-    return check.merge(wargs["out"], lib, hosts)
+    return check.merge(wargs["out"], lib, hosts * ppn)
 
 
 def time_of(row):

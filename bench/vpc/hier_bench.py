@@ -29,14 +29,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (also puts python/ on sys.path)
-from harp_dev.bench import check, sweep  # noqa: E402
+from harp_dev.bench import sweep  # noqa: E402
 from harp_dev.cluster import net, topology as topo  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp  # noqa: E402
@@ -78,17 +77,8 @@ def run(name, lib, algo, hosts, ppn, size, iters, out, timeout, maxbytes=None, f
 def run_rows(name, lib, algo, hosts, ppn, minb, maxb, factor, iters, out, timeout):
     wargs = arena_bench.worker_args(out, minb, maxb, factor, iters, 2)
     wargs["algo"] = algo
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(arena_bench.PYDIR), GLOO_SOCKET_IFNAME="eth0",
-               OMP_NUM_THREADS="1")
-    if CALIBRATION:
-        env["HARP_CALIBRATION_FILE"] = CALIBRATION
-    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
-           "--launcher", arena_bench.LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m",
-           "harp_dev.bench.workers", lib, json.dumps(wargs)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
-    if r.returncode:
-        raise RuntimeError(f"{lib} {algo} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")
-    res = check.merge(out, lib, hosts * ppn)
+    res = arena_bench.run_lib(name, lib, hosts, wargs, timeout, ppn=ppn,
+                              env={"HARP_CALIBRATION_FILE": CALIBRATION} if CALIBRATION else None)
     for row in res["rows"]:
         if (row.get("oop_wrong") or 0) + (row.get("ip_wrong") or 0):
             raise RuntimeError(f"{lib} {algo}: wrong values at {hosts}x{ppn}, {row['size']} B")

@@ -140,26 +140,10 @@ def recompute(a):
         json.dump(record, f, indent=1)
 
 
-def run_lib(name, spec, hosts, ppn, wargs, timeout):
-    """arena_bench.run_lib with `ppn` ranks per host."""
-    if ppn == 1:
-        return arena_bench.run_lib(name, spec, hosts, wargs, timeout)
-    lib, extra = arena_bench.split_lib(spec)
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(arena_bench.PYDIR), GLOO_SOCKET_IFNAME="eth0",
-               OMP_NUM_THREADS="1", **extra)
-    cmd = [sys.executable, "-m", "harp_dev.cluster", "run", "--name", name, "--hosts", str(hosts), "--ppn", str(ppn),
-           "--launcher", arena_bench.LIBS[lib], "--timeout", str(timeout), "--", sys.executable, "-m",
-           "harp_dev.bench.workers", lib, json.dumps(wargs)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
-    if r.returncode:
-        raise RuntimeError(f"{lib} on {hosts}x{ppn} failed ({r.returncode}): {r.stderr[-2000:]}")
-    return check.merge(wargs["out"], lib, hosts * ppn)
-
-
 def run_one(name, spec, hosts, tmp, tag, coll, algo, iters, timeout, ppn=1, sizes=(8, 64 << 10, 2), warmup=5):
     wa = arena_bench.worker_args(os.path.join(tmp, f"{tag}.json"), sizes[0], sizes[1], sizes[2], iters, warmup)
     wa.update(coll=coll, algo=algo)
-    res = run_lib(name, spec, hosts, ppn, wa, timeout)
+    res = arena_bench.run_lib(name, spec, hosts, wa, timeout, ppn=ppn)
     wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
     if wrong:
         raise RuntimeError(f"{tag}: {wrong} wrong values")

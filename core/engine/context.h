@@ -79,6 +79,7 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <initializer_list>
 #include <vector>
@@ -144,6 +145,19 @@ class Context {
   transport::Transport* transportOf(int peer) const;
   uint64_t tag() const { return tag_; }
   double timeout() const { return timeout_s_; }
+
+  // State an algorithm keeps between its calls on this communicator (e.g.
+  // allreduce ring_weighted's measured link rates): one T per key (an address
+  // of the algorithm's own), value-initialised on first use, freed with the
+  // communicator (a split or shrunk communicator starts without). Every rank
+  // must change it alike, from data all ranks share, or their next calls
+  // disagree (the descriptor check then names the call).
+  template <class T>
+  T& algorithmState(const void* key) {
+    std::shared_ptr<void>& s = res_.algo_state[key];
+    if (!s) s = std::make_shared<T>();
+    return *static_cast<T*>(s.get());
+  }
 
   // Topology: the intra-host and rail sub-communicators of this
   // collective's communicator (core/topology/topology.h), created collectively on the

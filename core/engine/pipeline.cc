@@ -298,12 +298,15 @@ void Communicator::closingCheck(const CollArgs& a, uint32_t seq, bool deferred) 
 inline void Communicator::finish(CallPlan& p) {
   const CollArgs& a = p.args;
   res_.scratch.trim(res_.scratch_keep);  // no high-water mark above the cap (core/engine/scratch.h)
-  if (a.op == ReduceOp::kAvg && !isInteger(a.dtype)) {
-    if (a.coll == CollType::kAllreduce || a.coll == CollType::kReduceScatter ||
-        (a.coll == CollType::kReduce && a.root == rank_))
-      finalizeAvg(a.recvbuf, a.count, a.dtype, size_);
-    if (a.coll == CollType::kAllreduceCoalesced)
+  // avg: every reducing collective's output is divided where this rank has one
+  // (its receive extent, base/vocab.def: a reduce's off the root has none).
+  if (a.op == ReduceOp::kAvg && !isInteger(a.dtype) && collReduces(a.coll)) {
+    const Extent out = collRecv(a.coll);
+    if (out == Extent::listed) {
       for (const BufPiece& b : a.pieces) finalizeAvg(b.recv, b.count, a.dtype, size_);
+    } else if (const size_t blocks = bufferBlocks(out, size_, a.root == rank_); blocks > 0) {
+      finalizeAvg(a.recvbuf, a.count * blocks, a.dtype, size_);
+    }
   }
 }
 

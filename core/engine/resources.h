@@ -9,6 +9,7 @@
 
 #include <deque>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "base/types.h"
@@ -101,6 +102,9 @@ struct CommResources {
   // and HARP_STALL_WARNING_S, read once; Context::waitAll's stall check.
   obs::Recorder* recorder = nullptr;
   double stall_warning_s = 60;
+  // Context::algorithmState: what an algorithm keeps between its calls on this
+  // communicator (ring_weighted's link rates), by the algorithm's key.
+  std::unordered_map<const void*, std::shared_ptr<void>> algo_state;
 };
 
 }  // namespace harp
