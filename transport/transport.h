@@ -71,9 +71,7 @@ struct Request {
   // order) until Transport::flush(), its next unhinted send on that pair, a
   // wait() that lasts over a millisecond, or kMaxLazyHeld lazy sends on one
   // connection (tcp: copies it and completes the request at once, then
-  // writes the held frames in one sendmsg; it still holds one on a pair
-  // whose receive side failed on a collective mismatch, written ahead of
-  // the abort notice: the failing rank's deferred descriptors).
+  // writes the held frames in one sendmsg).
   // Receive: nobody waits for it now; progress() may leave its bytes in the
   // kernel while only lazy receives are posted on the pair, but wait() still
   // reads them (tcp). The caller clears it before it waits for the request.

@@ -42,9 +42,6 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, Com
   res_.scratch_keep = env::bytes("HARP_SCRATCH_KEEP_BYTES");
   res_.check_window = static_cast<int>(std::clamp<long long>(env::integer("HARP_CHECK_WINDOW"), 1, 64));
   res_.deferred.resize(res_.check_window + 1);
-  res_.batch_out.resize(size_);
-  res_.batch_in.resize(size_);
-  res_.batch_fill = std::clamp(res_.check_window / 2, 1, kCheckBatch);
   res_.owner = this;                       // Topology
   hier_auto_ = env::flag("HARP_HIER");
 }
@@ -192,32 +189,16 @@ void Communicator::destroy() {
 // deferred check still lacks and compare them; a broken communicator has
 // reported its error already.
 void Communicator::settleDeferred() {
-  if ((res_.deferred_n == 0 && res_.batch_out_n == 0) || broken_.load() || res_.transports.empty()) return;
+  if (res_.deferred_n == 0 || broken_.load() || res_.transports.empty()) return;
   CollArgs a;
-  Descriptor d;
-  if (res_.deferred_n) d = res_.deferred[res_.deferred_head].mine;
-  a.coll = res_.deferred_n ? static_cast<CollType>(d.coll) : CollType::kBroadcast;
+  const Descriptor& d = res_.deferred[res_.deferred_head].mine;
+  a.coll = static_cast<CollType>(d.coll);
   try {
     Context ctx(res_, rank_, size_, a, makeCheckTag(d.seq), timeout_s_);
-    ctx.flushBatches();  // the peers' destroy() waits for them
     ctx.settleDeferred();
-    ctx.finishBatchSends();
   } catch (const Error& e) {
     markBroken(e.what());  // peers still waiting learn it too
     throw;
-  }
-}
-
-// The keep-alive's beat: the batches of deferred descriptors an idle rank
-// still holds go out (its peers' checks, a root's destroy(), need them).
-// Only between calls: the execution lock, when free.
-void Communicator::flushIdleBatches() {
-  std::unique_lock<std::mutex> ex(exec_mu_, std::try_to_lock);
-  if (!ex.owns_lock() || broken_.load() || res_.transports.empty() || !res_.batch_out_n) return;
-  try {
-    if (Context::flushCheckBatches(res_))
-      for (auto& t : res_.transports) t->progress();
-  } catch (const std::exception&) {
   }
 }
 

@@ -152,7 +152,6 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
   inline void finish(CallPlan& p);
   void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
-  void flushIdleBatches();  // keep-alive beat: batched descriptors an idle rank holds (context.h)
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 

@@ -85,7 +85,6 @@ void Communicator::startKeepAlive() {
   // idle go out within an interval. Transport::flush may run on any thread;
   // destroy() stops this thread before the transports go.
   keepalive_->onBeat([this] {
-    flushIdleBatches();
     for (auto& t : res_.transports) t->flush();
   });
   keepalive_->start(addrs, describe, [this](const std::vector<int>&, const std::string& why) { markBroken(why); });

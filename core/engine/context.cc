@@ -50,8 +50,6 @@ uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, u
 // The check tag carries the whole call number (a window of deferred checks
 // spans up to 64 calls).
 uint64_t makeCheckTag(uint32_t seq) { return kCheckColl << 52 | seq; }
-// A batch of deferred descriptors: check kind, 1 in the dtype field.
-uint64_t makeBatchTag() { return kCheckColl << 52 | 1ull << 48; }
 
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
   return (static_cast<uint64_t>(CollType::kSend) & 0xf) << 52 | (static_cast<uint64_t>(dt) & 0xf) << 48 | user_tag;
@@ -60,7 +58,6 @@ uint64_t makeP2pTag(DataType dt, uint32_t user_tag) {
 std::string describeTag(uint64_t tag) {
   const uint64_t coll = (tag >> 52) & 0xf;
   const uint32_t seq = static_cast<uint32_t>(tag >> 60);
-  if (coll == kCheckColl && ((tag >> 48) & 0xf) == 1) return "batch of deferred descriptors";
   if (coll == kCheckColl) return "descriptor check #" + std::to_string(static_cast<uint32_t>(tag));
   auto c = static_cast<CollType>(coll);
   auto dt = static_cast<DataType>((tag >> 48) & 0xf);
@@ -95,9 +92,6 @@ Request* Context::isend(int peer, const void* buf, size_t bytes) { return isend(
 Request* Context::irecv(int peer, void* buf, size_t bytes) { return irecv(peer, buf, bytes, tag_); }
 
 Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag, bool lazy) {
-  // A batch not yet sent goes before any other message to its peer (the peer
-  // takes it first: Context::irecv).
-  if (res_.batch_out_n && res_.batch_out[peer].n) sendCheckBatch(res_, peer);
   Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
   r.buf = const_cast<void*>(buf);
   r.len = bytes;
@@ -109,9 +103,6 @@ Request* Context::isend(int peer, const void* buf, size_t bytes, uint64_t tag, b
 }
 
 Request* Context::irecv(int peer, void* buf, size_t bytes, uint64_t tag) {
-  // The peer sends every batch this rank still waits for before this message:
-  // take them first, so that no batch meets a receive posted for another message.
-  if (!res_.batch_posted.empty() && !res_.batch_in[peer].waiting.empty()) drainBatches(peer);
   Request& r = (reqs_ ? *reqs_ : reqs_.emplace()).emplace_back();
   r.buf = buf;
   r.len = bytes;
@@ -152,9 +143,7 @@ void Context::waitAll(const std::vector<Request*>& rs) {
   int idle = 0;
   bool warned = false;  // stall warning given
   auto& transports = res_.transports;
-  int blocks = 0;
   for (;;) {
-    if (!res_.batch_posted.empty()) pumpBatches();
     if (checksPending()) compareChecks();
     bool all = true;
     for (Request* r : rs) {
@@ -204,14 +193,6 @@ void Context::waitAll(const std::vector<Request*>& rs) {
       only = t;
     }
     int slice = std::min(dl.remainingMs(), 200);
-    // Batches not yet sent: a peer may be waiting for them. Block 1 ms at
-    // first, then send them (a loop of calls keeps them to kCheckBatch per
-    // message; a rank that waits longer lets them go).
-    if (res_.batch_out_n) {
-      if (blocks > 0) flushBatches();
-      slice = std::min(slice, 1);
-    }
-    ++blocks;
     if (several) {
       for (auto& t : transports) t->wait(0);
       sched_yield();
@@ -265,9 +246,6 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
     // failed check, so the closing abort-notice poll adds nothing.
     hears_all_ = true;
   }
-  // kFromRoot and deferred (a broadcast/scatter): the receivers' descriptors
-  // travel in batches (top of the file, "Batches").
-  const bool batched = dc != nullptr && from;
   auto& theirs = dc ? dc->theirs : res_.check_buf;
   theirs.resize(size_);
   if (!(to && rank_ == root))
@@ -282,12 +260,7 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
       r.len = sizeof(Descriptor);
       r.tag = tag;
       r.peer = q;
-      if (batched) {
-        expectBatched(q, r);  // filled from q's batch
-        continue;
-      }
       r.lazy = true;  // read as the transport likes until someone waits for it (settleDeferred)
-      if (!res_.batch_posted.empty() && !res_.batch_in[q].waiting.empty()) drainBatches(q);  // as irecv()
       res_.pair_of[q]->irecv(&r);
     }
   // A deferred check's descriptors are lazy sends (transport.h): nobody waits
@@ -298,12 +271,6 @@ void Context::startCheck(const Descriptor& mine, CheckShape shape, bool defer) {
   // root's call k+window needs call k's, and receivers that keep up with it
   // have pushed them by then without waiting.
   check_sends_.clear();
-  if (batched) {
-    if (rank_ != root)
-      for (int q = 0; q < size_; ++q)
-        if (q != rank_) batchDescriptor(q, mine);
-    return;
-  }
   const bool lazy = dc != nullptr && res_.check_window >= 2 * transport::kMaxLazyHeld;
   if (!(from && rank_ == root))
     for (int q = 0; q < size_; ++q)
@@ -413,7 +380,6 @@ void Context::settleDeferred() {
     for (int i = 0; i < must; ++i)
       for (Request& r : res_.deferred[(res_.deferred_head + i) % ring].reqs) {
         r.lazy = false;  // waited for now: the transports read it eagerly
-        if (!r.done() && res_.batch_in[r.peer].posted) res_.batch_in[r.peer].req.lazy = false;  // ... or its batch
         rs.push_back(&r);
       }
     waitAll(rs);  // compareChecks, at the top of each round, throws before check() would
@@ -426,7 +392,6 @@ std::string Context::deferredFinding() {
   if (settle_n_ == 0) return "";
   try {
     for (auto& t : res_.transports) t->progress();
-    if (!res_.batch_posted.empty()) pumpBatches();
     compareChecks();
     for (int i = 0; i < settle_n_; ++i)
       compareDeferred(res_.deferred[(res_.deferred_head + i) % res_.deferred.size()], true);
@@ -435,155 +400,6 @@ std::string Context::deferredFinding() {
   } catch (const std::exception&) {
   }
   return "";
-}
-
-// ---------------------------------------------------------------------------
-// Batches
-
-bool Context::flushCheckBatches(CommResources& res, bool lazy) {
-  if (!res.batch_out_n) return false;
-  for (size_t q = 0; q < res.batch_out.size() && res.batch_out_n; ++q)
-    if (res.batch_out[q].n) sendCheckBatch(res, static_cast<int>(q), lazy);
-  return true;
-}
-
-void sendCheckBatch(CommResources& res, int q, bool lazy) {
-  BatchOut& o = res.batch_out[q];
-  CheckBatch& b = o.buf[o.cur];
-  b.count = static_cast<uint32_t>(o.n);
-  Request& r = o.req[o.cur];
-  r = Request{};
-  r.buf = &b;
-  r.len = sizeof(CheckBatch);
-  r.tag = makeBatchTag();
-  r.peer = q;
-  r.lazy = lazy;
-  o.cur ^= 1;
-  o.n = 0;
-  --res.batch_out_n;
-  res.pair_of[q]->isend(&r);
-}
-
-void Context::batchDescriptor(int q, const Descriptor& d) {
-  BatchOut& o = res_.batch_out[q];
-  if (o.n == 0) {
-    // buf[cur] went two batches ago: its bytes must have left before it fills again.
-    Request& prev = o.req[o.cur];
-    if (prev.peer >= 0 && !prev.done()) waitAll({&prev});
-    ++res_.batch_out_n;
-  }
-  o.buf[o.cur].d[o.n++] = d;
-  if (o.n >= res_.batch_fill) sendCheckBatch(res_, q);
-}
-
-namespace {
-// lazy: nobody waits for it yet (tcp then reads it at waits, not at every
-// progress(): Request::lazy); cleared by whoever waits for it.
-void postBatchRecv(CommResources& res, int q, bool lazy = true) {
-  BatchIn& in = res.batch_in[q];
-  in.req = Request{};
-  in.req.lazy = lazy;
-  in.req.buf = &in.buf;
-  in.req.len = sizeof(CheckBatch);
-  in.req.tag = makeBatchTag();
-  in.req.peer = q;
-  in.posted = true;
-  res.batch_posted.push_back(q);
-  res.pair_of[q]->irecv(&in.req);
-}
-}  // namespace
-
-// r: the placeholder of this call's descriptor from q (never posted itself).
-void Context::expectBatched(int q, Request& r) {
-  BatchIn& in = res_.batch_in[q];
-  if (!in.early.empty()) {  // q's batch came before this rank made the call
-    *static_cast<Descriptor*>(r.buf) = in.early.front();
-    in.early.pop_front();
-    r.complete();
-    return;
-  }
-  in.waiting.push_back(&r);
-  if (!in.posted) postBatchRecv(res_, q);
-}
-
-// Completed batch receives: their descriptors fill the placeholders in order
-// (the rest wait in early), and a new receive is posted while any still waits.
-// A failed one fails every placeholder that waited for it.
-bool Context::pumpBatches() {
-  bool moved = false;
-  for (size_t i = 0; i < res_.batch_posted.size();) {
-    const int q = res_.batch_posted[i];
-    BatchIn& in = res_.batch_in[q];
-    if (!in.req.done()) {
-      ++i;
-      continue;
-    }
-    moved = true;
-    in.posted = false;
-    res_.batch_posted[i] = res_.batch_posted.back();
-    res_.batch_posted.pop_back();
-    if (in.req.state == Request::kFailed) {
-      for (Request* r : in.waiting) {
-        r->failure = in.req.failure;
-        r->error = in.req.error;
-        r->peer_tag = in.req.peer_tag;
-        r->peer_len = in.req.peer_len;
-        r->state = Request::kFailed;
-      }
-      in.waiting.clear();
-      continue;
-    }
-    const uint32_t n = in.buf.count;
-    if (n == 0 || n > static_cast<uint32_t>(kCheckBatch))
-      throw Error(Error::kPeerFailure, "rank " + std::to_string(q) + " sent rank " + std::to_string(rank_) +
-                                           " a batch of deferred descriptors with count " + std::to_string(n) +
-                                           " (1-" + std::to_string(kCheckBatch) + " allowed)");
-    for (uint32_t k = 0; k < n; ++k) {
-      if (in.waiting.empty()) {
-        in.early.push_back(in.buf.d[k]);
-        continue;
-      }
-      Request* r = in.waiting.front();
-      in.waiting.pop_front();
-      *static_cast<Descriptor*>(r->buf) = in.buf.d[k];
-      r->complete();
-    }
-    // A peer never runs more than the check window ahead of this rank's
-    // checks (it waits for this rank's descriptors): more is no agreement.
-    if (in.early.size() > 4 * res_.deferred.size() + 2 * kCheckBatch)
-      throw Error(Error::kMismatch, "collective mismatch between rank " + std::to_string(rank_) + " and rank " +
-                                        std::to_string(q) + ": rank " + std::to_string(q) + " sent descriptors of " +
-                                        std::to_string(in.early.size()) + " deferred calls rank " +
-                                        std::to_string(rank_) + " did not make (the first: " +
-                                        describe(in.early.front()) + ")");
-    if (!in.waiting.empty()) postBatchRecv(res_, q);
-  }
-  return moved;
-}
-
-// Before a receive of another message from q: every batch q owes this rank
-// (q sends them before that message).
-void Context::drainBatches(int q) {
-  BatchIn& in = res_.batch_in[q];
-  while (!in.waiting.empty()) {
-    in.req.lazy = false;  // waited for now
-    waitAll({&in.req});  // pumps it at its top: filled, or failed (check() raises)
-    pumpBatches();
-    if (in.req.state == Request::kFailed && in.waiting.empty()) break;
-  }
-}
-
-void Context::finishBatchSends() {
-  flushBatches();
-  std::vector<Request*> rs;
-  for (BatchOut& o : res_.batch_out)
-    for (Request& r : o.req)
-      if (r.peer >= 0 && !r.done()) rs.push_back(&r);
-  if (rs.empty()) return;
-  try {
-    waitAll(rs);
-  } catch (const Error&) {
-  }
 }
 
 void Context::finishCheck() {

@@ -43,33 +43,11 @@
 // calls; destroy() waits for the rest. A disagreement found there raises
 // MismatchError naming the earlier call. So a loop of small broadcasts
 // pipelines: the root's call k+32 needs only that every peer has started call
-// k+15. A call that defers needs no closing abort-notice poll
-// (bench/RESULTS.md, "Deferred root check" and "Batched descriptors").
-//
-// Batches: in such a broadcast/scatter (kFromRoot, deferred) a receiver's
-// descriptor to each peer is a 24-byte copy into that peer's batch
-// (CommResources::batch_out, core/engine/resources.h); the batch goes as one
-// fixed-size message (CheckBatch: a count and up to kCheckBatch = 16
-// descriptors; transports match exact lengths) when it holds
-// min(HARP_CHECK_WINDOW / 2, 16), before any other message to that peer
-// (Context::isend), at the start of a call that does not batch, when a wait
-// has blocked 1 ms, from the keep-alive's beat on an idle rank (under the
-// execution lock), ahead of the abort notice of a failing call (lazy: tcp
-// holds it even on a connection whose receive side broke on the mismatch)
-// and at destroy(). The other side is driven by counts, so the split points
-// need not agree: each deferred check keeps one placeholder Request per peer
-// (never posted), filled in order from that peer's batches (BatchIn); one
-// batch receive is posted per peer while any placeholder waits (lazy until
-// someone waits for it), descriptors that came before this rank made the
-// call wait in `early`, and before posting any other receive from a peer
-// this rank takes every batch that peer owes it (Context::irecv: the peer
-// sent them first). No deadlock: every rank sends its batches before it
-// blocks for long or posts another message to the peer. A batch receive
-// that fails fails every placeholder waiting for it. Cost per call: a copy
-// per peer; one message per peer per 16 calls. A receiver that exits
-// without destroy() takes the descriptors it had not sent (the keep-alive
-// sends them within an interval of its last call): its peers' checks of
-// those calls fail with PeerError naming it, at their next wait or destroy().
+// k+15. Cost: each receiver sends its 24-byte descriptor to every peer, as a
+// lazy send (tcp: 16 in one write) that nobody waits for, and the deferred
+// receives are lazy too (tcp reads them in bursts, at waits); a call that
+// defers needs no closing abort-notice poll (bench/RESULTS.md, "Deferred
+// root check" and "Batched descriptors").
 //
 // Lifetime: built by the communicator for one collective, on its executing
 // thread, from the CommResources it owns (the connections and reused buffers,
@@ -182,25 +160,8 @@ class Context {
   // descriptors, or the root's data): its later check stands for the
   // closing abort-notice poll (Communicator::closingCheck).
   bool hearsFromAll() const { return hears_all_; }
-  // Batches (top of this file): send every peer's descriptors not yet sent
-  // (a call that does not batch its own, a wait that blocks, destroy()).
-  void flushBatches() {
-    if (res_.batch_out_n) flushCheckBatches(res_);
-  }
-  // destroy(): wait for the batches this rank sent to leave (a peer that
-  // closed meanwhile is no error here).
-  void finishBatchSends();
-  // Sends every pending batch without a Context (failing call, keep-alive
-  // beat, under the execution lock); true if any was posted. lazy (a failing
-  // call): held by the transport and written ahead of its abort notice, even
-  // on a connection whose receive side broke on a mismatch (tcp).
-  static bool flushCheckBatches(CommResources& res, bool lazy = false);
 
  private:
-  void batchDescriptor(int q, const Descriptor& d);
-  void expectBatched(int q, Request& r);
-  bool pumpBatches();
-  void drainBatches(int q);
   void check(Request* r);
   bool checksPending() const { return check_done_ < check_recvs_.size() || settle_n_ > 0 || open_dc_; }
   void compareChecks();
@@ -240,9 +201,6 @@ std::string describe(const Descriptor& d);
 uint64_t makeTag(uint32_t seq, CollType c, DataType dt, ReduceOp op, int root, uint64_t count, unsigned algo = 0);
 uint64_t makeP2pTag(DataType dt, uint32_t user_tag);
 uint64_t makeCheckTag(uint32_t seq);  // the descriptor check's messages
-uint64_t makeBatchTag();              // ... batched (CheckBatch)
-// Posts peer q's filling batch of deferred descriptors (Context, "Batches").
-void sendCheckBatch(CommResources& res, int q, bool lazy = false);
 inline bool tagIsExact(int64_t root, uint64_t count) { return root >= 0 && root < 4096 && count < (1ull << 32); }
 std::string describeTag(uint64_t tag);
 

@@ -191,9 +191,8 @@ inline void Communicator::describe(CallPlan& p) {
 // data disagrees raises MismatchError in the call; one that only sent, or
 // whose data agreed (defersCheck), raises at a later call (by its next
 // non-deferring call, HARP_CHECK_WINDOW calls, or destroy()). Cost: with an
-// exact tag each broadcast/scatter receiver copies its 24-byte descriptor into
-// a batch for each of its p-1 peers (one message per 16 calls, context.h,
-// "Batches") and nobody waits for one; ABBA figures against the tree before the
+// exact tag each broadcast/scatter receiver sends its 24-byte descriptor to its
+// p-1 peers and nobody waits for one; ABBA figures against the tree before the
 // check in bench/RESULTS.md ("Deferred root check"). Large messages unchanged.
 // Allreduce pays only the closing check (closingCheck). Zero counts and
 // descriptors the tag cannot carry run the check before the algorithm (a rank
@@ -211,14 +210,8 @@ inline void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
       // registers (passing p.desc itself cost ~23 instructions a call, callgrind).
       const Descriptor d = p.desc;
       const Context::CheckShape shape = p.rooted ? checkShape(a, d, *p.algo) : Context::CheckShape::kAll;
-      const bool defer = p.rooted && defersCheck(a, rank_, shape);
-      // A call that does not batch its descriptors sends this rank's batches
-      // first: a peer may wait for them before it posts this call's receives.
-      if (!(defer && shape == Context::CheckShape::kFromRoot)) ctx.flushBatches();
-      ctx.startCheck(d, shape, defer);
+      ctx.startCheck(d, shape, p.rooted && defersCheck(a, rank_, shape));
       if (!p.rooted || a.count == 0) ctx.finishCheck();
-    } else {
-      ctx.flushBatches();
     }
     p.algo->fn(ctx);
     if (p.check) ctx.finishCheck();
@@ -235,13 +228,6 @@ inline void Communicator::runPlan(CallPlan& p, obs::OpScope& recorded) {
 // rethrows the error as it was thrown); breaks the communicator on every rank
 // and raises the error, explained where something explains it.
 void Communicator::failCall(const Error& e, Context* ctx) {
-  // Batched descriptors not yet sent go ahead of the abort notice: the peers
-  // then name the disagreement this rank's descriptor shows.
-  try {
-    if (Context::flushCheckBatches(res_, true))
-      for (auto& t : res_.transports) t->progress();
-  } catch (const std::exception&) {
-  }
   // An earlier call's deferred check that shows a disagreement explains this
   // failure (e.g. a peer's abort reached a shm allreduce's own wait first).
   const bool named = dynamic_cast<const DeferredCheckError*>(&e) != nullptr;  // thrown by the check itself

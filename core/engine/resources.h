@@ -7,7 +7,6 @@
 // references it for one collective. Threading: see CommResources.
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -35,34 +34,6 @@ struct DeferredCheck {
   std::vector<transport::Request> reqs;   // capacity reserved: the transports hold pointers
 };
 
-// Deferred descriptors in batches (core/engine/context.h, "Batches"): a
-// broadcast/scatter receiver's descriptors of its deferred calls travel to each
-// peer kCheckBatch at most to one fixed-size message (the transports match
-// exact lengths), with their count.
-constexpr int kCheckBatch = 16;
-struct CheckBatch {
-  uint32_t count = 0;  // descriptors in d, 1..kCheckBatch
-  uint32_t unused = 0;
-  Descriptor d[kCheckBatch];
-};
-static_assert(sizeof(CheckBatch) == 8 + 24 * kCheckBatch);
-// To one peer: buf[cur] fills (n descriptors); the other may still be in flight.
-struct BatchOut {
-  CheckBatch buf[2];
-  transport::Request req[2];  // req[i].peer < 0: never posted
-  int cur = 0, n = 0;
-};
-// From one peer: one batch receive posted while any of this rank's deferred
-// checks waits for that peer's descriptor (waiting: their placeholders, oldest
-// first); descriptors that came before this rank made their calls wait in early.
-struct BatchIn {
-  CheckBatch buf;
-  transport::Request req;
-  bool posted = false;
-  std::deque<transport::Request*> waiting;
-  std::deque<Descriptor> early;
-};
-
 // What a running collective borrows from its communicator: the connections
 // and the buffers reused across calls. The communicator owns it, fills it in
 // when it connects (connectAll) and empties it in destroy(); a Context
@@ -79,15 +50,6 @@ struct CommResources {
   std::vector<DeferredCheck> deferred;
   int deferred_head = 0, deferred_n = 0;
   int check_window = 8;        // HARP_CHECK_WINDOW: deferred checks left open before a call waits
-  // Batches of deferred descriptors, by peer rank (sized once, with deferred:
-  // the transports hold pointers to their requests). batch_fill: descriptors
-  // that make a batch go (min(check_window / 2, kCheckBatch), at least 1);
-  // batch_out_n: peers with descriptors not yet sent; batch_posted: peers
-  // with a batch receive posted.
-  std::vector<BatchOut> batch_out;
-  std::vector<BatchIn> batch_in;
-  std::vector<int> batch_posted;
-  int batch_fill = kCheckBatch, batch_out_n = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports;  // every transport in use
   std::vector<transport::Transport*> transport_of;  // by peer rank (nullptr for self)
   std::vector<transport::Pair*> pair_of;            // by peer rank (nullptr for self)

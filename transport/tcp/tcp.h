@@ -38,7 +38,7 @@ using tcpwire::FrameHeader;
 
 // One TCP connection of a pair.
 constexpr int kLazyHoldMs = 1;          // a wait() longer than this pushes the held lazy sends
-constexpr size_t kLazyHoldBytes = 512;  // larger lazy sends are not held (a batch of deferred descriptors: 392)
+constexpr size_t kLazyHoldBytes = 256;  // larger lazy sends are not held
 constexpr size_t kReadAhead = 4096;     // one-lane pairs: bytes a read may take past the frame it wants
 
 struct Lane {
@@ -130,7 +130,6 @@ class TcpPair : public Pair {
   std::string hello_in_;      // the peer's lane hello, as far as read
   bool peer_closed_ = false;  // peer said goodbye
   bool peer_gone_ = false;    // connection lost or peer aborted: no notice to send
-  bool out_of_step_ = false;  // failed on a collective mismatch: lazy sends are still held (isend)
   std::string abort_text_;    // the peer's abort notice, once read
   std::string who() const;
 

@@ -71,17 +71,6 @@ void TcpPair::isend(Request* r) {
   std::lock_guard<std::mutex> drive(t_->drive_mu_);  // vs. abort() from the keep-alive thread
   r->peer = peer_;
   if (!up_ && !dialed_ && !failed_ && peer_ < t_->info_.rank) t_->dialPeer(*this);  // lazy set-up
-  if (failed_ && out_of_step_ && r->lazy && r->len <= kLazyHoldBytes && !lanes_[0].mid_frame && !peer_gone_) {
-    // The receive stream broke on a collective mismatch; this side still
-    // writes whole frames. A lazy send (the failing rank's deferred
-    // descriptors) is held and goes ahead of the abort notice (sendControl).
-    Lane& l = lanes_[0];
-    FrameHeader h{kData, 0u, send_seq_++, r->tag, r->len, 0};
-    l.held.append(reinterpret_cast<const char*>(&h), sizeof h);
-    l.held.append(static_cast<const char*>(r->buf), r->len);
-    ++l.held_n;
-    return r->complete();
-  }
   if (failed_) return r->fail(Request::kPeerFailure, fail_reason_);
   if (peer_closed_) return r->fail(Request::kPeerFailure, who() + " has already closed its communicator");
   bool striped = lanes_.size() > 1 && r->len >= t_->stripe_min_;
@@ -348,9 +337,6 @@ bool TcpPair::progressSend() {
     if (m.next_off >= m.req->len) sends_.pop_front();
     if (best->shdr_done == sizeof(FrameHeader) && best->sdone == best->slen) pieceWritten(*best);
     moved |= holdLazy();
-    // Lazy sends just held, behind an unhinted send now and ahead of the next: they go
-    // before it (a one-lane pair would otherwise write the next message first).
-    if (!sends_.empty() && l0.held_n) l0.held_go = true;
   }
   return moved;
 }
@@ -480,7 +466,6 @@ bool TcpPair::placeFrame(size_t i) {
     r->peer_tag = h.tag;
     r->peer_len = h.total;
     r->fail(Request::kMismatch, "message from " + who() + " does not match the posted receive");
-    out_of_step_ = !failed_;
     // The byte stream is no longer in step; nothing more can be received.
     failAll(Request::kPeerFailure, "stream from " + who() + " out of step after a collective mismatch");
     return false;
