@@ -41,7 +41,9 @@ def _capture_stderr():
 
 def _layouts(log):
     log.seek(0)
-    return re.findall(r"ring_weighted: links \(MB/s, rank r to r\+1\) (.*); chunk fractions (.*)", log.read())
+    # (links, fractions, calls to the next probe) per probe
+    return re.findall(r"ring_weighted: links \(MB/s, rank r to r\+1\) (.*); chunk fractions ([^;]*)"
+                      r"; next probe in (-?\d+) calls", log.read())
 
 
 def _check(rank, size, env_rank, large_only=False):
@@ -130,6 +132,36 @@ def test_probed_links_give_exact_results(p):
     assert all(len(l[0].split()) == p for l in layouts), layouts
 
 
+def _probe_schedule(rank, size, env_rank, calls, slow_from):
+    """`calls` ring_weighted allreduces; from call `slow_from` on, the stated rates put rank 1's host at
+    half rate (every rank changes its environment at the same call). Returns each probe's interval."""
+    os.environ.update(env_rank[rank])
+    log = _capture_stderr()
+    c = harp.init()
+    bad = 0
+    for k in range(calls):
+        if k == slow_from:
+            os.environ["HARP_RING_LINK_RATES"] = _rates_slow(size, 1)
+        x = np.full(1001, rank + 1, np.float32)
+        c.allreduce(x, algo="ring_weighted")
+        bad += int(not np.all(x == size * (size + 1) / 2))
+    c.destroy()
+    return bad, [int(n) for _, _, n in _layouts(log)], [f for _, f, _ in _layouts(log)]
+
+
+def test_probes_back_off_while_links_stay_equal():
+    # HARP_RING_PROBE_EVERY=2, equal stated rates: probes at calls 0, 2, 6, 14, 30 (the interval
+    # doubles: 2, 4, 8, 16, then 16 x 2 = 32 at most); from call 40 one host is slow, so the probe at
+    # call 62 finds unequal links and the interval is 2 again (64, 66, 68).
+    p = 4
+    res = run_ranks(p, _probe_schedule, _env(p, "1,1,1,1", {"HARP_RING_PROBE_EVERY": "2"}), 70, 40, timeout=180)
+    assert all(r[0] == 0 for r in res), [r[0] for r in res]
+    intervals, fractions = res[0][1], res[0][2]
+    assert intervals == [2, 4, 8, 16, 32, 2, 2, 2, 2], (intervals, fractions)
+    assert [float(x) for x in fractions[4].split()] == [0.25] * p, fractions
+    assert max(float(x) for x in fractions[5].split()) > 2 / p, fractions
+
+
 def test_one_host_falls_back_to_the_ring():
     # On one host (no HARP_HOSTID) the restriction fails: the declared fallback runs.
     res = run_ranks(3, _check, [{} for _ in range(3)], True, timeout=120)
@@ -188,7 +220,7 @@ rank = c.rank
 c.destroy()
 f.seek(0)
 log = f.read()
-m = re.findall(r"chunk fractions (.*)", log)
+m = re.findall(r"chunk fractions ([^;]*)", log)
 sys.stdout.write(f"RESULT {rank} {ok} {m[0] if m else ''}\n")
 sys.stdout.write("".join(f"LOG {l}\n" for l in log.splitlines() if "ring_weighted" in l))
 """

@@ -53,13 +53,37 @@ def test_one_ms_rtt_full_rate_and_a_tenth_percent_loss_are_delivered():
         assert 850 <= rtt <= 1150, got  # asked 1 ms; without the line it is ~0.08 ms
         assert got["stream_MBps"] >= 0.80 * 125, got  # 1 Gbit/s through tbf, 0.1% loss, 1 ms RTT
         assert 0.0004 <= got["udp_loss"] <= 0.0025, got  # asked 0.1% of frames
-        # Segmentation offload is off with --loss: loss is per wire packet.
+        # Offload stays on: the stream's GSO frames lose single wire segments (the line cuts a frame
+        # around each lost one), at the asked share of segments, and TCP still delivers every byte.
         link = subprocess.run(["ip", "-d", "-n", topo.host_ns(name, 0), "link", "show", "eth0"], capture_output=True,
                               text=True).stdout
-        assert "gso_max_segs 1 " in link, link
+        assert "gso_max_segs 1 " not in link, link
+        stats = _line_stats(st)
     finally:
         net.down(st)
     assert _gone(name) == []
+    assert stats["gso_split"] > 0 and stats["gso_segments"] > 10 * stats["gso_split"], stats
+    assert 0.0004 <= stats["gso_lost"] / stats["gso_segments"] <= 0.0025, stats  # asked 0.1%
+
+
+def _line_stats(st):
+    """The delay line's counters: it writes them when stopped, so stop it first (down() does again, harmlessly)."""
+    import signal
+    import time
+
+    for pid in st.get("delay_line_pids") or []:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    path = os.path.join(topo.STATE_DIR, f"{st['name']}.delayline0.json")
+    for _ in range(100):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):  # not written yet, or half written
+            time.sleep(0.05)
+    raise AssertionError(f"the delay line wrote no counters to {path}")
 
 
 def test_hundred_microsecond_rtt_is_delivered_or_the_machine_floor_is_named():

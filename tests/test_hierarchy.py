@@ -248,11 +248,12 @@ def test_small_messages_on_block_placed_hosts_keep_recursive_doubling():
 
 def test_runtime_costs_recursive_doubling_by_host_only_for_consecutive_ranks():
     """Interleaved placement (h0 h1 h0 h1) puts recursive doubling's first round across hosts: then every
-    round is costed as a network hop, as before, and leader stays the 8-byte pick."""
+    round is costed as a network hop, as before, and a hierarchical algorithm (one network hop; leader
+    and rail tie within a microsecond here) is the 8-byte pick, the same on every rank."""
     blocked = run_ranks(4, _picks, hosts_env([2, 2]), {}, timeout=120)
     mixed = run_ranks(4, _picks, ["h0", "h1", "h0", "h1"], {}, timeout=120)
     assert [r[2] for r in blocked] == ["recursive_doubling"] * 4, blocked
-    assert [r[2] for r in mixed] == ["leader"] * 4, mixed
+    assert len({r[2] for r in mixed}) == 1 and mixed[0][2] in ("leader", "rail"), mixed
 
 
 def seconds(out, name):
@@ -263,15 +264,20 @@ def seconds(out, name):
 @pytest.mark.parametrize("ppn", [[2, 2], [2] * 4, [3] * 3, [4, 4], [3, 1]], ids=["2x2", "4x2", "3x3", "2x4", "3+1"])
 @pytest.mark.parametrize("size", ["8", "4K", "256K", "4M", "64M"])
 def test_hierarchy_is_picked_only_where_the_model_says_it_is_faster(ppn, size, monkeypatch):
-    """The pick's predicted time is the minimum of the flat tuning pick and every applicable hierarchical one."""
+    """A hierarchical algorithm is picked exactly where its predicted time is the least of the applicable
+    hierarchical ones and below both the flat tuning pick and the cheapest flat candidate (a row was
+    measured against flat algorithms only); elsewhere the flat pick stands."""
     pick, why, out = explain_pick("allreduce", size, ppn)
     monkeypatch.setenv("HARP_HIER", "0")
     flat = explain_pick("allreduce", size, ppn)[0]
-    hier = [n for n in ("rail", "leader") if re.search(rf"^  {n} .*  ok", out, re.M)]
-    best = min([flat] + hier, key=lambda n: seconds(out, n))
-    assert pick == best, out
-    if pick in hier:
-        assert seconds(out, pick) < seconds(out, flat), out
+    ok = re.findall(r"^  (\w+) .*  ok", out, re.M)
+    hier = [n for n in ("rail", "leader") if n in ok]
+    bar = min([seconds(out, flat)] + [seconds(out, n) for n in ok if n not in ("rail", "leader")])
+    best_hier = min(hier, key=lambda n: seconds(out, n)) if hier else None
+    if best_hier and seconds(out, best_hier) < bar:
+        assert pick == best_hier, out
+    else:
+        assert pick == flat, out
 
 
 # ---------------------------------------------------------------------------- failures

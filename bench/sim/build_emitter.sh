@@ -30,7 +30,7 @@ open(sys.argv[1], "w").write(text)
 PY
 algos=(
   allreduce_ring allreduce_ring_weighted allreduce_recursive_doubling allreduce_halving_doubling allreduce_tree
-  allreduce_leader allreduce_rail compressed/compress_ring compressed/compress_topk
+  allreduce_leader allreduce_rail hier compressed/compress_ring compressed/compress_topk
   allgather_ring allgather_bruck allgather_recursive_doubling allgather_direct allgather_leader allgather_pat
   reduce_scatter_ring reduce_scatter_bruck reduce_scatter_recursive_halving reduce_scatter_leader reduce_scatter_pat
   alltoall_pairwise alltoall_bruck

@@ -47,8 +47,8 @@ RANKS = (64, 128, 256, 512, 1024)
 SIZES = (8, 4096, 65536, 1 << 20, 16 << 20, 256 << 20)
 ALGOS = {
     "allreduce": ("ring", "recursive_doubling", "halving_doubling", "tree", "leader", "rail", "ring_fp16"),
-    "allgather": ("ring", "bruck", "recursive_doubling", "direct", "leader"),
-    "reduce_scatter": ("ring", "bruck", "recursive_halving", "leader"),
+    "allgather": ("ring", "bruck", "recursive_doubling", "direct", "pat", "leader"),
+    "reduce_scatter": ("ring", "bruck", "recursive_halving", "pat", "leader"),
     "alltoall": ("pairwise", "bruck"),
 }
 # Algorithms the tuner may pick; ring_fp16 changes the result (it is the user's choice), so it is
@@ -79,15 +79,17 @@ def block_bytes(coll: str, p: int, size: int) -> int:
 
 def calibration_text(name: str, spec: platforms.Spec) -> str:
     """HARP_CALIBRATION_FILE lines for the platform: tcp alpha = RTT/2 + the send overhead, beta =
-    1 / the per-flow rate, gamma = 1 / the reduction rate, overhead = the send overhead; shm from the
-    platform's memory links."""
+    1 / the per-flow rate, gamma = 1 / the reduction rate, overhead = the send overhead; shm: the
+    memory link's latency + the send overhead (the replayer charges every message, shm's too, the
+    CPU time of posting it), 1 / its rate, the same overhead."""
     alpha = spec.rtt_s / 2 + spec.send_overhead_s
     beta = 1 / min(spec.link_Bps, spec.flow_cap_Bps or spec.link_Bps)
     gamma = 1 / spec.reduce_Bps
     return (f"# HARP calibration: bench/sim/project.py, the simulated platform {name}\n"
             "# transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  overhead_s\n"
             f"tcp {alpha:.4e} {beta:.4e} {gamma:.4e} {spec.send_overhead_s:.4e}\n"
-            f"shm {spec.shm_lat_s + 1e-6:.4e} {1 / spec.shm_Bps:.4e} {gamma:.4e} {1e-6:.4e}\n")
+            f"shm {spec.shm_lat_s + spec.send_overhead_s:.4e} {1 / spec.shm_Bps:.4e} {gamma:.4e}"
+            f" {spec.send_overhead_s:.4e}\n")
 
 
 def sched_args(coll: str, algo: str, p: int, nbytes: int) -> list:

@@ -18,6 +18,7 @@ tuner picks with that calibration, and HARP / gloo, HARP / MPI. One JSON, stampe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -31,6 +32,7 @@ import arena_bench  # noqa: E402  (run_lib, worker_args, time_of; puts python/ o
 from harp_dev.cluster import net  # noqa: E402
 import linkrate  # noqa: E402
 from stamp import stamp, write_record  # noqa: E402
+from harp_dev.bench import check  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 SWEEPS = [  # (min bytes, max bytes, factor, iterations, warm-up)
@@ -54,36 +56,60 @@ def calibrate(name, path):
 
 def tuner_pick(calib, hosts, size):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HARP_CALIBRATION_FILE=calib)
-    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allreduce", str(size), "--ranks",
-                        str(hosts), "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "harp.tools.config", "--explain", "allreduce", str(size), "--hosts",
+                        str(hosts), "--ppn", "1", "--transport", "tcp"], capture_output=True, text=True, env=env, timeout=60)
     m = re.search(r"^pick: (\w+) \((.*)\)$", r.stdout, re.M)
     if not m:
         raise RuntimeError(f"harp-config --explain: no pick: {r.stdout[-800:]} {r.stderr[-800:]}")
     return {"algo": m.group(1), "why": m.group(2)}
 
 
+def samples_of(res, tag):
+    """{size: [out-of-place us, in-place us]} (each the ranks' mean of one timed loop) and
+    {size: the algorithm the ranks ran} from one merged worker result."""
+    wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
+    if wrong:
+        raise RuntimeError(f"{tag}: {wrong} wrong values")
+    return ({r["size"]: [t for t in (r.get("oop_us"), r.get("ip_us")) if t] for r in res["rows"]},
+            {r["size"]: r.get("algo") for r in res["rows"]})
+
+
 def run_one(name, spec, hosts, tmp, tag, algo, timeout):
-    times = {}
+    times, algos = {}, {}
     for i, (mn, mx, f, it, wu) in enumerate(SWEEPS):
         wa = arena_bench.worker_args(os.path.join(tmp, f"{tag}-{i}.json"), mn, mx, f, it, wu)
         wa["algo"] = algo
-        res = arena_bench.run_lib(name, spec, hosts, wa, timeout)
-        wrong = sum((r.get("oop_wrong") or 0) + (r.get("ip_wrong") or 0) for r in res["rows"])
-        if wrong:
-            raise RuntimeError(f"{tag}: {wrong} wrong values")
-        times.update({r["size"]: arena_bench.time_of(r) for r in res["rows"]})
-    return times
+        t, a = samples_of(arena_bench.run_lib(name, spec, hosts, wa, timeout), tag)
+        times.update(t)
+        algos.update(a)
+    return times, algos
+
+
+def load_one(tmp, tag, hosts):
+    """run_one's result from the per-rank files a run left in `tmp` (--from-dir)."""
+    times, algos = {}, {}
+    for i in range(len(SWEEPS)):
+        t, a = samples_of(check.merge(os.path.join(tmp, f"{tag}-{i}.json"), tag, hosts), tag)
+        times.update(t)
+        algos.update(a)
+    return times, algos
 
 
 def summarise(runs, picks, forced):
+    """Per size: every variant's median over its samples (2 timed loops, out of place and in place, per
+    repetition: a single stalled loop moves a median of 2 repetitions x 2 loops less than a mean)."""
     sizes = sorted(next(iter(runs.values()))[0])
-    med = {k: {s: statistics.median(r[s] for r in reps) for s in sizes} for k, reps in runs.items()}
-    spread = {k: {s: (min(r[s] for r in reps), max(r[s] for r in reps)) for s in sizes} for k, reps in runs.items()}
+    def flat(reps, s):
+        return [t for r in reps for t in r[s]]
+    med = {k: {s: statistics.median(flat(reps, s)) for s in sizes} for k, reps in runs.items()}
+    spread = {k: {s: (min(flat(reps, s)), max(flat(reps, s))) for s in sizes} for k, reps in runs.items()}
     rows = []
     for s in sizes:
         best = min(forced, key=lambda a: med[a][s])
         row = {"size": s, "auto_us": med["auto"][s], "auto_range_us": spread["auto"][s], "best": best,
                "best_us": med[best][s], "auto_over_best": med["auto"][s] / med[best][s], "pick": picks[s]["algo"],
+               # The decision's quality free of job-to-job spread: the pick's own forced time over the best.
+               "pick_forced_over_best": (med[picks[s]["algo"]][s] / med[best][s]) if picks[s]["algo"] in med else None,
                "forced_us": {a: med[a][s] for a in forced}}
         for peer in ("gloo", "mpi"):
             if peer in med:
@@ -95,15 +121,32 @@ def summarise(runs, picks, forced):
 
 def print_rows(title, rows, forced):
     print(f"## {title}")
-    head = f"{'bytes':>10} {'pick':>18} {'auto us':>11} {'best forced':>18} {'best us':>11} {'auto/best':>9}"
+    head = f"{'bytes':>10} {'pick':>18} {'auto us':>11} {'best forced':>18} {'best us':>11} {'auto/best':>9} {'pick/best':>9}"
     head += "".join(f" {a[:10]:>10}" for a in forced) + f" {'gloo us':>10} {'mpi us':>10}"
     print(head)
     for r in rows:
         line = (f"{r['size']:>10} {r['pick']:>18} {r['auto_us']:11.1f} {r['best']:>18} {r['best_us']:11.1f} "
-                f"{r['auto_over_best']:9.3f}" + "".join(f" {r['forced_us'][a]:10.1f}" for a in forced))
+                f"{r['auto_over_best']:9.3f} {r['pick_forced_over_best'] or float('nan'):9.3f}" + "".join(f" {r['forced_us'][a]:10.1f}" for a in forced))
         line += f" {r.get('gloo_us', float('nan')):10.1f} {r.get('mpi_us', float('nan')):10.1f}"
         print(line + ("   > 1.05" if r["auto_over_best"] > 1.05 else ""))
     sys.stdout.flush()
+
+
+def report(record, d, by, calib, a, forced):
+    sizes = sorted(by["runs"]["auto"][0])
+    picks = {s: tuner_pick(calib, a.hosts, s) for s in sizes}
+    # What auto ran (every rank's result row names it), against what --explain says.
+    ran = {s: sorted({al.get(s) for al in by["runtime_algos"]["auto"]} - {None}) for s in sizes}
+    rows = summarise(by["runs"], picks, forced)
+    for r in rows:
+        r["auto_ran"] = ran[r["size"]]
+    record["by_delay"][d] = dict(by, picks=picks, rows=rows, stamp=stamp())
+    print_rows(f"allreduce float32, {a.hosts} hosts x 1 rank, {a.rate}, one-way delay {d}", rows, forced)
+    worst = max(r["auto_over_best"] for r in rows)
+    pf = [r["pick_forced_over_best"] for r in rows if r["pick_forced_over_best"]]
+    print(f"worst auto / best forced: {worst:.3f}; sizes over 1.05: "
+          f"{[r['size'] for r in rows if r['auto_over_best'] > 1.05]}; worst pick forced / best: "
+          f"{max(pf) if pf else float('nan'):.3f}", flush=True)
 
 
 def main():
@@ -112,16 +155,37 @@ def main():
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--delays", default="0,50us,500us", help="one-way delays, comma-separated (0: none)")
-    ap.add_argument("--algos", default="ring,recursive_doubling,halving_doubling")
+    ap.add_argument("--algos", default="ring,recursive_doubling,halving_doubling,ring_weighted")
     ap.add_argument("--libs", default="gloo,mpi", help="peers run beside HARP (gloo, mpi; '' for none)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--from-dir", help="summarise the per-rank files of an earlier run (its temporary folder) "
+                    "instead of running; needs --from-record")
+    ap.add_argument("--from-record", help="that run's JSON (clusters, calibrations, links)")
     a = ap.parse_args()
     forced = [x for x in a.algos.split(",") if x]
     peers = [x for x in a.libs.split(",") if x]
     tmp = tempfile.mkdtemp(prefix="tuner-bench-")
     record = {"stamp_before": stamp(), "command": " ".join(sys.argv), "sweeps": SWEEPS, "by_delay": {}}
+    if a.from_dir:
+        # Summarise a run's per-rank files again (they stay in its temporary folder); the clusters,
+        # calibrations and links come from that run's record (--from-record).
+        old = json.load(open(a.from_record))
+        record["summarised_from"] = {"dir": a.from_dir, "record": a.from_record, "command": old.get("command"),
+                                     "stamp_before": old.get("stamp_before")}
+        for d, by in old["by_delay"].items():
+            keys = list(by["runs"])
+            runs, algos = {k: [] for k in keys}, {k: [] for k in keys}
+            for rep in range(len(by["runs"]["auto"])):
+                for k in keys:
+                    t, al = load_one(a.from_dir, f"{d}-{rep}-{k}", a.hosts)
+                    runs[k].append(t)
+                    algos[k].append(al)
+            report(record, d, dict(by, runs=runs, runtime_algos=algos), os.path.join(a.from_dir, f"calib-{d}.txt"),
+                   a, [k for k in keys if k in forced])
+        write_record(a.out, record)
+        return
     for d in a.delays.split(","):
         st = net.up(a.name, a.hosts, rate=a.rate, delay=None if d in ("0", "") else d)
         try:
@@ -133,24 +197,22 @@ def main():
                   f" beta {cal['beta_s_per_byte'] * 1e9:.2f} ns/B; link {link:.1f} MB/s", flush=True)
             harp_spec = "harp@HARP_CALIBRATION_FILE=" + calib
             runs = {k: [] for k in ["auto"] + forced + peers}
+            algos = {k: [] for k in runs}
             for rep in range(a.repeat):
-                for k in runs:
+                # ABBA: odd repetitions run the variants in reverse order, so a drift in the
+                # machine's load does not favour whichever variant runs first.
+                for k in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
                     spec = k if k in peers else harp_spec
                     algo = None if k == "auto" or k in peers else k
-                    runs[k].append(run_one(a.name, spec, a.hosts, tmp, f"{d}-{rep}-{k}", algo, a.timeout))
-                    print(f"# delay {d} rep {rep} {k}: " + ", ".join(f"{s}B {t:.0f}us" for s, t in
-                                                                    sorted(runs[k][-1].items())), flush=True)
-            sizes = sorted(runs["auto"][0])
-            picks = {s: tuner_pick(calib, a.hosts, s) for s in sizes}
-            rows = summarise(runs, picks, forced)
-            record["by_delay"][d] = {"cluster": {k: st.get(k) for k in (
+                    t, al = run_one(a.name, spec, a.hosts, tmp, f"{d}-{rep}-{k}", algo, a.timeout)
+                    runs[k].append(t)
+                    algos[k].append(al)
+                    print(f"# delay {d} rep {rep} {k}: " + ", ".join(f"{s}B {min(t[s]):.0f}us" for s in sorted(t)),
+                          flush=True)
+            by = {"cluster": {k: st.get(k) for k in (
                 "hosts", "rate", "mtu", "delay_ns", "delay_line_ns", "rtt_asked_us", "rtt_measured_us")},
-                "link_MBps": link, "calibration": cal, "runs": runs, "picks": picks, "rows": rows,
-                "stamp": stamp()}
-            print_rows(f"allreduce float32, {a.hosts} hosts x 1 rank, {a.rate}, one-way delay {d}", rows, forced)
-            worst = max(r["auto_over_best"] for r in rows)
-            print(f"worst auto / best forced: {worst:.3f}; sizes over 1.05: "
-                  f"{[r['size'] for r in rows if r['auto_over_best'] > 1.05]}", flush=True)
+                "link_MBps": link, "calibration": cal, "runs": runs, "runtime_algos": algos, "dir": tmp}
+            report(record, d, by, calib, a, forced)
         finally:
             net.down(st)
     write_record(a.out, record)

@@ -31,9 +31,13 @@
 // (p-L)·n on equal hosts; the flat ring with block placement carries (p-1)·n
 // across every host boundary and pays p-1 network latencies, leader H-1.
 // Uneven hosts send the padding too: (H-1)·L·n with L the largest host.
-// Cost (intra = shm's line, inter = tcp's; l = ceil(log2 L)):
-//   intra: l·a_i + (L-1)·n·b_i  (gather)  +  l·(a_i + p·n·b_i)  (broadcast)
-//   inter: (H-1)·(a_e + L·n·b_e)
+// Cost (intra = shm's line, inter = tcp's; l = ceil(log2 L)), each leg what
+// its selector runs there (hier::legSeconds):
+//   intra: the host's gather of n-byte blocks and broadcast of p·n bytes on L
+//          ranks (linear gather: a_i + (L-2)·o_i + (L-1)·n·b_i; binomial
+//          broadcast l·(a_i + p·n·b_i) below 256 KB, the pipeline above)
+//   inter: the leaders' allgather of L·n-byte packs on H ranks, the cheapest
+//          flat algorithm's cost (hier::legSeconds; the ring's is (H-1)·(a_e + L·n·b_e))
 //   + 3 leg calls (core/algorithms/hier.h).
 #include <cstring>
 
@@ -83,9 +87,10 @@ void allgatherLeader(Context& ctx) {
 }
 
 double leaderCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
-  const double L = s.local, H = s.hosts, p = H * L, l = ceilLog2(s.local);
-  const double intra = l * in.alpha + (L - 1) * n * in.beta + l * (in.alpha + p * n * in.beta);
-  const double inter = (H - 1) * (ex.alpha + L * n * ex.beta);
+  const double L = s.local, p = s.hosts * L;
+  const double intra = hier::legSeconds(CollType::kGather, n, s.local, "shm", in) +
+                       hier::legSeconds(CollType::kBroadcast, p * n, s.local, "shm", in);
+  const double inter = hier::legSeconds(CollType::kAllgather, L * n, s.hosts, "tcp", ex);
   return intra + inter + 3 * hier::kLegCallS;
 }
 

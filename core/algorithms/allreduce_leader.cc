@@ -16,8 +16,12 @@
 // Bytes per host link, each direction: the leaders' allreduce only: n per
 // round of recursive doubling (ceil(log2 H)·n) or 2(H-1)/H·n for a ring.
 // Cost (intra = shm's line, inter = tcp's; l = ceil(log2 L), h = ceil(log2 H)):
-//   intra: l·(a_i + n·b_i + n·c_i) + l·(a_i + n·b_i)
-//   inter: min(h·(a_e + n·b_e + n·c_e), 2(H-1)·a_e + 2(H-1)/H·n·b_e + (H-1)/H·n·c_e)
+//   intra: the host's reduce and broadcast of n bytes on L ranks (shm), each
+//          what its selector runs there (hier::legSeconds: binomial below
+//          256 KB, l·(a_i + n·b_i + n·c_i) and l·(a_i + n·b_i); the pipeline above)
+//   inter: the leaders' allreduce of n bytes on H ranks, the cheapest flat
+//          algorithm's cost (hier::legSeconds: recursive doubling's
+//          h·(a_e + n·b_e + n·c_e) for small n, halving-doubling or the ring above)
 //   + 3 leg calls (core/algorithms/hier.h).
 #include <algorithm>
 
@@ -42,11 +46,9 @@ void allreduceLeader(Context& ctx) {
 }
 
 double leaderCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
-  const double l = ceilLog2(s.local), h = ceilLog2(s.hosts), H = s.hosts, g = (H - 1) / H;
-  const double intra = l * (in.alpha + n * in.beta + n * in.gamma) + l * (in.alpha + n * in.beta);
-  const double rd = h * (ex.alpha + n * ex.beta + n * ex.gamma);
-  const double ring = 2 * (H - 1) * ex.alpha + 2 * g * n * ex.beta + g * n * ex.gamma;
-  return intra + std::min(rd, ring) + 3 * hier::kLegCallS;
+  const double intra = hier::legSeconds(CollType::kReduce, n, s.local, "shm", in) +
+                       hier::legSeconds(CollType::kBroadcast, n, s.local, "shm", in);
+  return intra + hier::legSeconds(CollType::kAllreduce, n, s.hosts, "tcp", ex) + 3 * hier::kLegCallS;
 }
 
 }  // namespace

@@ -30,11 +30,19 @@
 // adjacent) carries 2·(p-1)/p·n with p = H·L. Ratio (p-1)/p / ((H-1)/H): 1.5 at
 // 2 hosts x 2, 1.17 at 4 x 2, 1.75 at 2 x 4. busbw (2(p-1)/p·n/t) can thus
 // reach (p-1)/p / ((H-1)/H) of the link rate.
-// Cost (intra = shm's line, inter = tcp's; f = (L-1)/L, g = (H-1)/H):
-//   intra: 2(L-1)·a_i + 2f·n·b_i + f·n·c_i
-//   inter: 2(H-1)·a_e + 2g·n·b_e + g·(n/L)·c_e  (L rails share the link)
-//   + 3 leg calls (core/algorithms/hier.h).
+// Cost (intra = shm's line, inter = tcp's), per piece of m bytes (m = n, or
+// 8 x HARP_SEGMENT_BYTES when pipelined: k = ceil(n / m) pieces), each leg the
+// cheapest flat algorithm of its sub-communicator (hier::legSeconds):
+//   intra: reduce_scatter + allgather of m/L-byte blocks on L ranks (shm)
+//   inter: allreduce of m/L bytes on H ranks (tcp), each rail with 1/L of the
+//          host link (beta x L): a rail's latencies are paid once per piece,
+//          since one worker thread runs the pieces' rail calls one by one
+//   total: intra + inter + (k-1)·max(intra, inter) (the pipeline) + 3k leg calls.
+// At 1 ms RTT and 8 hosts a 256 MB call is 64 pieces of 14 ring latencies
+// (or 6 of halving-doubling) each: the latency that once per call is noise
+// is then a third of the call (docs/scale-projection.md).
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -125,11 +133,19 @@ void allreduceRail(Context& ctx) {
   }
 }
 
+// HARP_SEGMENT_BYTES' default; the model does not read the environment.
+constexpr double kDefaultPieceBytes = kPieceSegments * 512.0 * 1024;
+
 double railCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
-  const double L = s.local, H = s.hosts, f = (L - 1) / L, g = (H - 1) / H;
-  const double intra = 2 * (L - 1) * in.alpha + 2 * f * n * in.beta + f * n * in.gamma;
-  const double inter = 2 * (H - 1) * ex.alpha + 2 * g * n * ex.beta + g * (n / L) * ex.gamma;
-  return intra + inter + 3 * hier::kLegCallS;
+  const double L = s.local;
+  const double pieces = n > kDefaultPieceBytes ? std::ceil(n / kDefaultPieceBytes) : 1;
+  const double block = n / pieces / L;
+  TransportParams rail = ex;
+  rail.beta = ex.beta * L;  // L rails share the host's link
+  const double intra = hier::legSeconds(CollType::kReduceScatter, block, s.local, "shm", in) +
+                       hier::legSeconds(CollType::kAllgather, block, s.local, "shm", in);
+  const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail);
+  return intra + inter + (pieces - 1) * std::max(intra, inter) + 3 * pieces * hier::kLegCallS;
 }
 
 }  // namespace

@@ -11,8 +11,12 @@
 // 2n/B is the floor (an all-healthy ring takes 1.5n/B).
 //
 // Steps:
-//  1. Probe (the first call on a communicator, then every
-//     HARP_RING_PROBE_EVERY calls): each rank tells its left neighbour it is
+//  1. Probe (the first call on a communicator, then after
+//     HARP_RING_PROBE_EVERY calls; while probes keep finding equal links the
+//     interval doubles, up to 16 x, and a probe that finds them unequal sets
+//     it back: on a healthy network the probe's ~2 x 5 MB per link costs
+//     0.2% of 4 MB calls instead of 3%, and a slow host is found within
+//     16 x HARP_RING_PROBE_EVERY calls): each rank tells its left neighbour it is
 //     ready, and on its right neighbour's word sends it 1 MB and
 //     HARP_RING_PROBE_BYTES back to back; each rank times both from its own
 //     "ready": the rate of the link from its left, never above it (one round
@@ -38,9 +42,11 @@
 // link whatever the layout). Any count, in place or not, every dtype and op.
 // Cost: the ring's (equal links assumed, as the model knows no per-link rate)
 // plus the probe's (2 x (1 MB + HARP_RING_PROBE_BYTES) per link, about
-// 2 + 3 ceil(log2 p) latencies) spread over HARP_RING_PROBE_EVERY calls.
+// 2 + 3 ceil(log2 p) latencies) spread over HARP_RING_PROBE_EVERY calls (the
+// shortest interval: the model does not assume the links stay equal).
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -56,12 +62,21 @@ namespace {
 constexpr double kTolerance = 1.15;     // rates within 15%: equal chunks (noise does not move bytes)
 constexpr size_t kMarkBytes = 1 << 20;  // the first probe message (a marker the receiver waits for, then the rest)
 constexpr int kProbeRounds = 2;         // a probe times each link twice and keeps the faster
+constexpr int kMaxBackoff = 16;         // the probe interval grows to at most 16 x HARP_RING_PROBE_EVERY
 
 struct WeightedRingState {
   uint64_t calls = 0;
   long long every = -1;            // HARP_RING_PROBE_EVERY, read on first use
+  uint64_t next = 0;               // the call that probes next
+  long long interval = 0;          // calls from one probe to the next (every .. kMaxBackoff x every)
   std::vector<double> fractions;   // empty: equal chunks
 };
+
+bool allEqual(const std::vector<double>& f) {
+  for (size_t i = 1; i < f.size(); ++i)
+    if (f[i] != f[0]) return false;
+  return true;
+}
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -268,9 +283,18 @@ void allreduceRingWeighted(Context& ctx) {
   if (p <= 2 || a.count == 0) return allreduceRing(ctx);
   auto& st = ctx.algorithmState<WeightedRingState>(reinterpret_cast<const void*>(&allreduceRingWeighted));
   if (st.every < 0) st.every = std::max<long long>(0, env::integer("HARP_RING_PROBE_EVERY"));
-  if (st.calls == 0 || (st.every > 0 && st.calls % static_cast<uint64_t>(st.every) == 0)) {
+  if (st.calls == st.next) {
     const std::vector<double> link = linkRates(ctx);
+    const bool was_equal = st.calls > 0 && allEqual(st.fractions);
     st.fractions = link.empty() ? std::vector<double>() : ringChunkFractions(link, kTolerance);
+    // Every rank holds the same rates (the allgather), so every rank moves `next` alike.
+    if (st.every > 0) {
+      const bool equal = allEqual(st.fractions);
+      st.interval = equal && was_equal ? std::min(st.interval * 2, kMaxBackoff * st.every) : st.every;
+      st.next = st.calls + static_cast<uint64_t>(st.interval);
+    } else {
+      st.next = UINT64_MAX;  // 0: only the first call probes
+    }
     if (ctx.rank() == 0 && logLevel() >= LogLevel::kInfo) {
       std::string text;
       for (size_t i = 0; i < link.size(); ++i)
@@ -281,14 +305,14 @@ void allreduceRingWeighted(Context& ctx) {
         std::snprintf(b, sizeof b, "%s%.3f", i ? " " : "", st.fractions[i]);
         fr += b;
       }
-      HARP_INFO_S(LogSubsys::kTuning, "allreduce ring_weighted: links (MB/s, rank r to r+1) %s; chunk fractions %s",
-                  link.empty() ? "unmeasured" : text.c_str(), fr.c_str());
+      HARP_INFO_S(LogSubsys::kTuning,
+                  "allreduce ring_weighted: links (MB/s, rank r to r+1) %s; chunk fractions %s; next probe in %lld calls",
+                  link.empty() ? "unmeasured" : text.c_str(), fr.c_str(),
+                  st.next == UINT64_MAX ? -1LL : static_cast<long long>(st.next - st.calls));
     }
   }
   ++st.calls;
-  bool equal = st.fractions.empty();
-  for (size_t i = 1; !equal && i < st.fractions.size(); ++i) equal = st.fractions[i] == st.fractions[0];
-  if (equal) return ringAllreduce(ctx, Blocks{a.count, static_cast<size_t>(p)});
+  if (allEqual(st.fractions)) return ringAllreduce(ctx, Blocks{a.count, static_cast<size_t>(p)});
   ringAllreduce(ctx, SizedChunks(ringChunkSizes(st.fractions, a.count)));
 }
 

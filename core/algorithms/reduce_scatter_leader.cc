@@ -32,9 +32,14 @@
 // (p-L)·n on equal hosts; the flat ring with block placement carries (p-1)·n
 // across every host boundary with p-1 network latencies, leader H-1.
 // Uneven hosts send the padding too.
-// Cost (intra = shm's line, inter = tcp's; l = ceil(log2 L)):
-//   intra: l·(a_i + p·n·b_i + p·n·c_i)  (reduce)  +  l·a_i + (L-1)·n·b_i  (scatter)
-//   inter: (H-1)·(a_e + L·n·b_e + L·n·c_e)
+// Cost (intra = shm's line, inter = tcp's; l = ceil(log2 L)), each leg what
+// its selector runs there (hier::legSeconds):
+//   intra: the host's reduce of p·n bytes and scatter of n-byte blocks on L
+//          ranks (binomial reduce l·(a_i + p·n·b_i + p·n·c_i) below 256 KB, the
+//          pipeline above; linear scatter a_i + (L-2)·o_i + (L-1)·n·b_i)
+//   inter: the leaders' reduce_scatter of L·n-byte groups on H ranks, the
+//          cheapest flat algorithm's cost (hier::legSeconds; the ring's is
+//          (H-1)·(a_e + L·n·b_e + L·n·c_e))
 //   + 3 leg calls (core/algorithms/hier.h).
 #include <cstring>
 
@@ -85,9 +90,10 @@ void reduceScatterLeader(Context& ctx) {
 }
 
 double leaderCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
-  const double L = s.local, H = s.hosts, p = H * L, l = ceilLog2(s.local);
-  const double intra = l * (in.alpha + p * n * in.beta + p * n * in.gamma) + l * in.alpha + (L - 1) * n * in.beta;
-  const double inter = (H - 1) * (ex.alpha + L * n * ex.beta + L * n * ex.gamma);
+  const double L = s.local, p = s.hosts * L;
+  const double intra = hier::legSeconds(CollType::kReduce, p * n, s.local, "shm", in) +
+                       hier::legSeconds(CollType::kScatter, n, s.local, "shm", in);
+  const double inter = hier::legSeconds(CollType::kReduceScatter, L * n, s.hosts, "tcp", ex);
   return intra + inter + 3 * hier::kLegCallS;
 }
 

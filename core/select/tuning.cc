@@ -126,6 +126,15 @@ std::vector<TuningRow> parseAlgoOverride(const std::string& spec) {
   return rows;
 }
 
+const TuningTable& TuningTable::builtin() {
+  static const TuningTable t = [] {
+    TuningTable b;
+    b.rows = parseTuning(kBuiltinTuningTable, "core/select/tuning.tsv");
+    return b;
+  }();
+  return t;
+}
+
 TuningTable TuningTable::fromEnvironment() {
   TuningTable t;
   t.overrides = parseAlgoOverride(env::str("HARP_ALGO"));

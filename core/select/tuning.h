@@ -41,6 +41,9 @@ std::vector<TuningRow> parseAlgoOverride(const std::string& spec);
 struct TuningTable {
   std::vector<TuningRow> overrides, rows;
   static TuningTable fromEnvironment();
+  // core/select/tuning.tsv alone (no HARP_TUNING_FILE, no HARP_ALGO), parsed once; for the cost
+  // model's legs (hier::legSeconds). Thread-safe (a function-local static).
+  static const TuningTable& builtin();
   // The first matching row (HARP_ALGO rows first; `override` says which list);
   // row == nullptr when none matches.
   struct Match {

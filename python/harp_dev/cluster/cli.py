@@ -17,8 +17,8 @@ Mechanisms: rates are kernel tbf (or htb with --flow-cap) on both ends of each h
 Round-trip time, jitter, loss and zones are harp-delayline, a user-space switch that holds each
 frame until its due time (this machine's kernel has no netem): --delay is the one-way delay
 between two hosts (ping shows twice it), --jitter draws each frame's delay in +-jitter without
-reordering a pair's frames, --loss drops that share of frames (wire packets: segmentation
-offload is turned off on the hosts with --loss), --host-delay adds a host's own delay to each
+reordering a pair's frames, --loss drops that share of wire packets (each segment of a TCP
+GSO frame on its own draw; offloads stay on), --host-delay adds a host's own delay to each
 frame to or from it, --zones splits the hosts into consecutive groups and --zone-delay adds to
 frames between groups. `up` measures the RTT between hosts 0 and 1, corrects the line for its
 own cost, and `status` shows asked and delivered RTT; `probe` measures any pair.

@@ -17,15 +17,20 @@
 //   + jitter drawn uniformly in [-jitter, +jitter] (never before arrival),
 // and never before the previous frame of the same (a, b) pair: a pair's
 // frames keep their order, as on a real path (jitter without reordering).
-// One frame in 1e6/PPM is dropped (uniform, per frame). Unicast frames go to
+// One wire packet in 1e6/PPM is dropped (uniform): a frame, or one segment of
+// a TCP/IPv4 GSO frame (below). Unicast frames go to
 // the port of their destination MAC; broadcast, multicast and unknown ones to
 // every other port. Frames queued beyond --queue-bytes (default 64 MiB) are
 // dropped, like a switch's full buffer.
 //
 // Frames are read and written with their virtio-net header (PACKET_VNET_HDR),
-// so TCP's 64 KB GSO frames cross as one frame each (with --loss, net.py
-// turns segmentation offloads off on the hosts' NICs, so that loss is per
-// wire packet, not per 64 KB burst).
+// so TCP's 64 KB GSO frames cross as one frame each. With --loss, each wire
+// segment of a TCP/IPv4 GSO frame (gso_size payload bytes) is lost on its own
+// draw, as on a real wire: the segments kept go on as GSO frames of
+// consecutive segments (IP length, id and header checksum, TCP sequence
+// number, flags and pseudo-header seed rewritten per piece, as the kernel's
+// own segmentation would), so loss costs the hosts no offload: a 1 Gbit/s
+// line needs ~2k frames/s, not ~80k. Other frames are lost whole.
 //
 // Waiting: ppoll on the ports until the earliest due frame, timer slack 1 ns;
 // no busy polling (ranks share the cores); SCHED_FIFO priority 10 (unless
@@ -81,6 +86,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull, seq;
 static volatile sig_atomic_t stop;
 static int no_rt;
 static uint64_t n_in, n_out, n_lost, n_full, n_trunc, n_send_err, n_flood;
+static uint64_t n_segments, n_seg_lost, n_split;  // GSO frames: wire segments seen, lost; frames cut around a loss
 
 // Binary min-heap of queued frames by (due, seq).
 static struct frame* heap;
@@ -172,11 +178,8 @@ static void enqueue(int in, int out, const unsigned char* data, size_t len, int6
   heap_push(f);
 }
 
-static void on_frame(int in, const unsigned char* data, size_t len, int64_t arrived) {
-  ++n_in;
-  if (loss_ppm && next_rand() % 1000000u < loss_ppm) { ++n_lost; return; }
+static void route(int in, const unsigned char* data, size_t len, int64_t arrived) {
   const size_t vh = sizeof(struct virtio_net_hdr);
-  if (len < vh + 14) return;
   const unsigned char* dst = data + vh;
   if (!(dst[0] & 1)) {  // unicast: the port whose host has this MAC
     for (int p = 0; p < nports; ++p)
@@ -185,6 +188,107 @@ static void on_frame(int in, const unsigned char* data, size_t len, int64_t arri
   ++n_flood;  // broadcast, multicast, unknown: every other port
   for (int p = 0; p < nports; ++p)
     if (p != in) enqueue(in, p, data, len, arrived);
+}
+
+// One's complement sum of big-endian 16-bit words (RFC 1071), not folded.
+static uint32_t sum16(uint32_t s, const unsigned char* p, size_t n) {
+  for (size_t i = 0; i + 1 < n; i += 2) s += (uint32_t)p[i] << 8 | p[i + 1];
+  if (n & 1) s += (uint32_t)p[n - 1] << 8;
+  return s;
+}
+static uint16_t fold16(uint32_t s) {
+  while (s >> 16) s = (s & 0xffff) + (s >> 16);
+  return (uint16_t)s;
+}
+static uint16_t get16(const unsigned char* p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static void put16(unsigned char* p, uint16_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+static uint32_t get32(const unsigned char* p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static void put32(unsigned char* p, uint32_t v) { put16(p, (uint16_t)(v >> 16)); put16(p + 2, (uint16_t)v); }
+// The TCP pseudo-header sum (addresses, protocol, TCP length), folded: the
+// seed a CHECKSUM_PARTIAL frame carries in its checksum field.
+static uint16_t pseudo_seed(const unsigned char* ip, uint32_t tcp_len) {
+  return fold16(sum16(0, ip + 12, 8) + 6 + tcp_len);
+}
+
+// Segments [a, b) of the GSO frame `data` (header bytes hl after the virtio-net
+// header, payload of `payload` bytes cut into `mss`-byte segments, n of them)
+// as one frame in `out`; returns its length.
+static size_t gso_piece(const unsigned char* data, size_t hl, size_t payload, size_t mss, size_t n, size_t a,
+                        size_t b, unsigned char* out) {
+  const size_t vh = sizeof(struct virtio_net_hdr);
+  const size_t from = a * mss, to = b * mss < payload ? b * mss : payload;
+  memcpy(out, data, vh + hl);
+  memcpy(out + vh + hl, data + vh + hl + from, to - from);
+  struct virtio_net_hdr h;
+  memcpy(&h, out, vh);
+  if (b - a == 1) {  // one segment: an ordinary frame
+    h.gso_type = VIRTIO_NET_HDR_GSO_NONE;
+    h.gso_size = 0;
+  }
+  memcpy(out, &h, vh);
+  unsigned char* ip = out + vh + 14;
+  const size_t ihl = (size_t)(ip[0] & 15) * 4;
+  unsigned char* tcp = ip + ihl;
+  const size_t thl = hl - 14 - ihl;
+  const uint32_t tcp_len_old = (uint32_t)(thl + payload), tcp_len = (uint32_t)(thl + to - from);
+  put16(ip + 2, (uint16_t)(ihl + tcp_len));
+  put16(ip + 4, (uint16_t)(get16(ip + 4) + a));  // the kernel numbers a GSO frame's segments from its id
+  put16(ip + 10, 0);
+  put16(ip + 10, (uint16_t)~fold16(sum16(0, ip, ihl)));
+  put32(tcp + 4, get32(tcp + 4) + (uint32_t)from);
+  if (a > 0) tcp[13] &= (unsigned char)~0x80;  // CWR: first segment only
+  if (b < n) tcp[13] &= (unsigned char)~0x09;  // FIN, PSH: last segment only
+  // The checksum field holds the pseudo-header seed (NEEDS_CSUM): with the
+  // length when the sender put it there, which the new length replaces.
+  if ((h.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) && get16(tcp + 16) == pseudo_seed(ip, tcp_len_old))
+    put16(tcp + 16, pseudo_seed(ip, tcp_len));
+  return vh + hl + (to - from);
+}
+
+static void on_frame(int in, const unsigned char* data, size_t len, int64_t arrived) {
+  static unsigned char piece[FRAME_MAX];
+  ++n_in;
+  const size_t vh = sizeof(struct virtio_net_hdr);
+  if (len < vh + 14) return;
+  if (!loss_ppm) {
+    route(in, data, len, arrived);
+    return;
+  }
+  struct virtio_net_hdr h;
+  memcpy(&h, data, vh);
+  const unsigned char* eth = data + vh;
+  const unsigned char* ip = eth + 14;
+  size_t hl = 0;
+  if ((h.gso_type & ~VIRTIO_NET_HDR_GSO_ECN) == VIRTIO_NET_HDR_GSO_TCPV4 && h.gso_size > 0 && len >= vh + 14 + 20 &&
+      get16(eth + 12) == 0x0800 && (ip[0] >> 4) == 4 && ip[9] == 6 && (ip[0] & 15) >= 5) {
+    const size_t ihl = (size_t)(ip[0] & 15) * 4;
+    if (len >= vh + 14 + ihl + 20) {
+      const size_t thl = (size_t)(ip[ihl + 12] >> 4) * 4;
+      if (thl >= 20 && len >= vh + 14 + ihl + thl) hl = 14 + ihl + thl;
+    }
+  }
+  if (!hl) {  // not a TCP/IPv4 GSO frame: lost whole
+    if (next_rand() % 1000000u < loss_ppm) ++n_lost;
+    else route(in, data, len, arrived);
+    return;
+  }
+  const size_t payload = len - vh - hl, mss = h.gso_size, n = (payload + mss - 1) / mss;
+  n_segments += n;
+  size_t a = 0, lost = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (next_rand() % 1000000u >= loss_ppm) continue;
+    ++lost;
+    if (k > a) route(in, piece, gso_piece(data, hl, payload, mss, n, a, k, piece), arrived);
+    a = k + 1;
+  }
+  n_lost += lost;
+  n_seg_lost += lost;
+  if (!lost) {
+    route(in, data, len, arrived);
+    return;
+  }
+  ++n_split;
+  if (a < n) route(in, piece, gso_piece(data, hl, payload, mss, n, a, n, piece), arrived);
 }
 
 static void drain_port(int in, unsigned char* scratch) {
@@ -356,10 +460,11 @@ int main(int argc, char** argv) {
     FILE* f = fopen(stats, "w");
     if (f) {
       fprintf(f, "{\"in\": %llu, \"out\": %llu, \"lost\": %llu, \"queue_full\": %llu, \"truncated\": %llu, "
-                 "\"send_errors\": %llu, \"flooded\": %llu}\n",
+                 "\"send_errors\": %llu, \"flooded\": %llu, \"gso_segments\": %llu, \"gso_lost\": %llu, \"gso_split\": %llu}\n",
               (unsigned long long)n_in, (unsigned long long)n_out, (unsigned long long)n_lost,
               (unsigned long long)n_full, (unsigned long long)n_trunc, (unsigned long long)n_send_err,
-              (unsigned long long)n_flood);
+              (unsigned long long)n_flood, (unsigned long long)n_segments, (unsigned long long)n_seg_lost,
+              (unsigned long long)n_split);
       fclose(f);
     }
   }

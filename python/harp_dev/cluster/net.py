@@ -177,8 +177,9 @@ def _link_host(st, i, nic):
         sh("ip", "-n", n, "link", "set", d, "mtu", st["mtu"])
     if not st.get("delay_line"):
         sh("ip", "-n", sw, "link", "set", peer, "master", f"br{nic}")
-    if st.get("loss_ppm"):  # one wire packet per frame, so that loss is per packet (delayline.c)
-        sh("ip", "-n", ns, "link", "set", dev, "gso_max_segs", 1)
+    # --loss keeps segmentation offload on: the delay line draws loss per wire segment of a GSO frame
+    # (delayline.c), where turning offload off made the 2 shared cores forward ~80k frames/s and capped
+    # a 4-host ring at 0.85 of the line without any loss (bench/RESULTS-vpc.md).
     sh("ip", "-n", ns, "addr", "add", topo.address(st["slot"], i, nic) + "/24", "dev", dev)
     sh("ip", "-n", sw, "link", "set", peer, "up")
     sh("ip", "-n", ns, "link", "set", dev, "up")
