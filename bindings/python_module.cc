@@ -346,7 +346,7 @@ PYBIND11_MODULE(_harp, m) {
                         py::arg("reason") = s.reason(), py::arg("candidates") = cands,
                         py::arg("alpha") = s.params.alpha, py::arg("beta") = s.params.beta,
                         py::arg("gamma") = s.params.gamma, py::arg("overhead") = messageOverhead(s.params),
-                        py::arg("params_source") = s.params_source,
+                        py::arg("link_beta") = s.params.link_beta, py::arg("params_source") = s.params_source,
                         py::arg("count") = q.count);
       },
       py::arg("coll"), py::arg("bytes"), py::arg("ranks"), py::arg("transport"), py::arg("dtype") = "float32",

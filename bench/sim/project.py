@@ -79,15 +79,17 @@ def block_bytes(coll: str, p: int, size: int) -> int:
 
 def calibration_text(name: str, spec: platforms.Spec) -> str:
     """HARP_CALIBRATION_FILE lines for the platform: tcp alpha = RTT/2 + the send overhead, beta =
-    1 / the per-flow rate, gamma = 1 / the reduction rate, overhead = the send overhead; shm: the
+    1 / the per-flow rate, gamma = 1 / the reduction rate, overhead = the send overhead, link_beta =
+    1 / the NIC's rate (a host's flows together); shm: the
     memory link's latency + the send overhead (the replayer charges every message, shm's too, the
     CPU time of posting it), 1 / its rate, the same overhead."""
     alpha = spec.rtt_s / 2 + spec.send_overhead_s
     beta = 1 / min(spec.link_Bps, spec.flow_cap_Bps or spec.link_Bps)
     gamma = 1 / spec.reduce_Bps
+    link_beta = 1 / spec.link_Bps
     return (f"# HARP calibration: bench/sim/project.py, the simulated platform {name}\n"
-            "# transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  overhead_s\n"
-            f"tcp {alpha:.4e} {beta:.4e} {gamma:.4e} {spec.send_overhead_s:.4e}\n"
+            "# transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  overhead_s  link_beta_s_per_byte\n"
+            f"tcp {alpha:.4e} {beta:.4e} {gamma:.4e} {spec.send_overhead_s:.4e} {link_beta:.4e}\n"
             f"shm {spec.shm_lat_s + spec.send_overhead_s:.4e} {1 / spec.shm_Bps:.4e} {gamma:.4e}"
             f" {spec.send_overhead_s:.4e}\n")
 

@@ -26,7 +26,18 @@ using AlgorithmFn = void (*)(Context&);
 // trip and overhead stays the software figure. 0 means "as alpha".
 struct TransportParams {
   double alpha = 0, beta = 0, gamma = 0, overhead = 0;
+  // Seconds per byte of a host's link for all its flows together; 0: beta (one flow fills the
+  // link). Where a line caps each flow below the link rate (a VPC's per-flow limit), beta is one
+  // flow's rate and link_beta the NIC's: L ranks of a host crossing at once share link_beta.
+  double link_beta = 0;
 };
+
+// Seconds for `flows` flows of `bytes` each, at once, through one host's link: no flow beats
+// its own rate (beta), and together they get the link's (link_beta).
+inline double sharedLinkSeconds(const TransportParams& t, double bytes, double flows) {
+  const double link = t.link_beta > 0 ? t.link_beta : t.beta;
+  return bytes * (t.beta > flows * link ? t.beta : flows * link);
+}
 
 // What each further message of a burst adds: overhead, at most alpha (0: alpha).
 inline double messageOverhead(const TransportParams& t) {

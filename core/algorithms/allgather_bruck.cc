@@ -74,7 +74,7 @@ double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, c
   const int H = s.hosts, L = s.local, p = H * L;
   if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
   return ceilLog2(L) * in.alpha + (L - 1) * n * in.beta + ceilLog2(H) * ex.alpha +
-         static_cast<double>(L) * (p - L) * n * ex.beta + p * n * ex.gamma;
+         sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) + p * n * ex.gamma;
 }
 }  // namespace
 

@@ -49,7 +49,7 @@ double directCost(double n, int p, const TransportParams& t) { return burstLaten
 //   burstLatency(e, p-1) + max(L·(p-L)·n·b_e, (L-1)·n·b_i)
 double directHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const int H = s.hosts, L = s.local, p = H * L;
-  return burstLatency(ex, p - 1) + std::max(static_cast<double>(L) * (p - L) * n * ex.beta, (L - 1) * n * in.beta);
+  return burstLatency(ex, p - 1) + std::max(sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L), (L - 1) * n * in.beta);
 }
 }  // namespace
 

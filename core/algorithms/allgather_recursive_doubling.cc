@@ -42,7 +42,7 @@ double recursiveDoublingHostsCost(double n, const HierShape& s, const TransportP
   const int H = s.hosts, L = s.local, p = H * L;
   if (floorPow2(H) != H || floorPow2(L) != L) return recursiveDoublingCost(n, p, ex);
   return ceilLog2(L) * in.alpha + (L - 1) * n * in.beta + ceilLog2(H) * ex.alpha +
-         static_cast<double>(L) * (p - L) * n * ex.beta;
+         sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L);
 }
 }  // namespace
 

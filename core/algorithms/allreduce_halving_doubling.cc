@@ -70,7 +70,7 @@ double halvingDoublingHostsCost(double n, const HierShape& s, const TransportPar
   const int H = s.hosts, L = s.local;
   if (floorPow2(H) != H || floorPow2(L) != L) return halvingDoublingCost(n, H * L, ex);
   const double g = (H - 1.0) / H, f = (L - 1.0) / L, p = static_cast<double>(H) * L;
-  return 2 * ceilLog2(H) * ex.alpha + 2 * L * g * n * ex.beta + 2 * ceilLog2(L) * in.alpha + 2 * f * (n / H) * in.beta +
+  return 2 * ceilLog2(H) * ex.alpha + sharedLinkSeconds(ex, 2 * g * n, L) + 2 * ceilLog2(L) * in.alpha + 2 * f * (n / H) * in.beta +
          (p - 1) / p * n * ex.gamma;
 }
 }  // namespace

@@ -35,7 +35,7 @@
 // cheapest flat algorithm of its sub-communicator (hier::legSeconds):
 //   intra: reduce_scatter + allgather of m/L-byte blocks on L ranks (shm)
 //   inter: allreduce of m/L bytes on H ranks (tcp), each rail with 1/L of the
-//          host link (beta x L): a rail's latencies are paid once per piece,
+//          host link (link_beta x L; at most one flow's beta): a rail's latencies are paid once per piece,
 //          since one worker thread runs the pieces' rail calls one by one
 //   total: intra + inter + (k-1)·max(intra, inter) (the pipeline) + 3k leg calls.
 // At 1 ms RTT and 8 hosts a 256 MB call is 64 pieces of 14 ring latencies
@@ -141,7 +141,8 @@ double railCost(double n, const HierShape& s, const TransportParams& in, const T
   const double pieces = n > kDefaultPieceBytes ? std::ceil(n / kDefaultPieceBytes) : 1;
   const double block = n / pieces / L;
   TransportParams rail = ex;
-  rail.beta = ex.beta * L;  // L rails share the host's link
+  rail.beta = sharedLinkSeconds(ex, 1, L);  // L rails share the host's link, none faster than one flow
+  rail.link_beta = 0;
   const double intra = hier::legSeconds(CollType::kReduceScatter, block, s.local, "shm", in) +
                        hier::legSeconds(CollType::kAllgather, block, s.local, "shm", in);
   const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail);

@@ -49,7 +49,7 @@ double recursiveDoublingHostsCost(double n, const HierShape& s, const TransportP
   if (floorPow2(s.hosts) != s.hosts || floorPow2(s.local) != s.local)
     return recursiveDoublingCost(n, s.hosts * s.local, ex);  // folds and mixed rounds: every round a network hop
   return ceilLog2(s.local) * (in.alpha + n * in.beta + n * in.gamma) +
-         ceilLog2(s.hosts) * (ex.alpha + s.local * n * ex.beta + n * ex.gamma);
+         ceilLog2(s.hosts) * (ex.alpha + sharedLinkSeconds(ex, n, s.local) + n * ex.gamma);
 }
 }  // namespace
 

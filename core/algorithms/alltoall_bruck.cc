@@ -15,6 +15,7 @@
 // (ceil(log2 p)·alpha + about (p/2)·ceil(log2 p)·n·beta), plus 2 local copies
 // of p·n bytes (rotations) and 2 of m_k·n per step (pack, unpack). Bytes sent
 // per rank: n·sum m_k (p a power of two: n·(p/2)·log2 p; pairwise: n(p-1)).
+// On hosts of consecutive ranks a step's packs share the host's uplink (bruckHostsCost).
 #include <algorithm>
 
 #include "core/algorithms/registry.h"
@@ -76,8 +77,24 @@ double bruckCost(double n, int p, const TransportParams& t) {
   for (int bit = 1; bit < p; bit <<= 1) c += t.alpha + static_cast<double>(blocksAt(p, bit)) * n * t.beta;
   return c;
 }
+
+// On H hosts of L consecutive ranks: step k's partner is 2^k ranks on, so for 2^k < L only
+// the last 2^k ranks of a host send across and from 2^k >= L every one does, all at once
+// through the host's uplink: min(2^k, L)·m_k·n there per step, against m_k·n inside a host.
+// (At 128 ranks on 16 hosts, 8 KB blocks: the uplinks carry 39 packs of 64 blocks, where
+// pairwise sends each block once; simulated, Bruck 8.5 ms against pairwise 3.9.)
+double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const int L = s.local, p = s.hosts * L;
+  double c = 0;
+  for (int bit = 1; bit < p; bit <<= 1) {
+    const double m = static_cast<double>(blocksAt(p, bit)) * n;
+    c += ex.alpha + std::max(sharedLinkSeconds(ex, m, std::min(bit, L)), m * in.beta);
+  }
+  return c;
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "bruck", .fn = alltoallBruck, .cost = bruckCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "bruck", .fn = alltoallBruck, .cost = bruckCost,
+                         .flat_hier_cost = bruckHostsCost});
 
 }  // namespace harp

@@ -66,9 +66,17 @@ void alltoallvPairwise(Context& ctx) {
 
 namespace {
 double pairwiseCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
+
+// On H hosts of L consecutive ranks every block to another host crosses its uplink once, all
+// L ranks' at once: L·(p-L)·n there, (L-1)·n inside the host.
+double pairwiseHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
+  const double L = s.local, p = s.hosts * L;
+  return burstLatency(ex, static_cast<int>(p) - 1) + std::max(sharedLinkSeconds(ex, (p - L) * n, L), (L - 1) * n * in.beta);
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "pairwise", .fn = alltoallPairwise, .cost = pairwiseCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoall, .name = "pairwise", .fn = alltoallPairwise, .cost = pairwiseCost,
+                         .flat_hier_cost = pairwiseHostsCost});
 HARP_REGISTER_ALGORITHM({.coll = CollType::kAlltoallv, .name = "pairwise", .fn = alltoallvPairwise, .cost = pairwiseCost});
 
 }  // namespace harp

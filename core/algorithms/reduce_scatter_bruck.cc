@@ -75,7 +75,7 @@ double bruckCost(double n, int p, const TransportParams& t) {
 double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const int H = s.hosts, L = s.local, p = H * L;
   if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
-  return ceilLog2(H) * ex.alpha + static_cast<double>(L) * (p - L) * n * ex.beta + ceilLog2(L) * in.alpha +
+  return ceilLog2(H) * ex.alpha + sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) + ceilLog2(L) * in.alpha +
          (L - 1) * n * in.beta + (2.0 * p - 1) * n * ex.gamma;
 }
 }  // namespace

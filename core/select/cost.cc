@@ -57,12 +57,12 @@ void Calibration::parse(const std::string& text, const std::string& source) {
     auto hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     std::istringstream f(line);
-    std::string t, a, b, g, o, extra;
+    std::string t, a, b, g, o, lb, extra;
     if (!(f >> t)) continue;
     const std::string where = source + ":" + std::to_string(n);
-    if (!(f >> a >> b >> g) || ((f >> o) && (f >> extra)))
-      throw InvalidArgument(where + ": expected 4 or 5 columns: transport alpha_s beta_s_per_byte gamma_s_per_byte"
-                                    " [overhead_s]");
+    if (!(f >> a >> b >> g) || ((f >> o) && (f >> lb) && (f >> extra)))
+      throw InvalidArgument(where + ": expected 4 to 6 columns: transport alpha_s beta_s_per_byte gamma_s_per_byte"
+                                    " [overhead_s [link_beta_s_per_byte]]");
     Line l{t, {parseValue(a, where, "alpha"), parseValue(b, where, "beta"), parseValue(g, where, "gamma")}, where};
     auto it = std::find_if(lines_.begin(), lines_.end(), [&](const Line& x) { return x.transport == t; });
     // The per-message overhead: the fifth column; else the line this one
@@ -70,6 +70,7 @@ void Calibration::parse(const std::string& text, const std::string& source) {
     // loopback's overhead and its own alpha); else, a line of its own, alpha.
     l.params.overhead = !o.empty() ? parseValue(o, where, "overhead")
                         : it != lines_.end() ? it->params.overhead : l.params.alpha;
+    if (!lb.empty()) l.params.link_beta = parseValue(lb, where, "link_beta");
     if (it != lines_.end()) *it = l;
     else lines_.push_back(l);
   }
@@ -89,6 +90,7 @@ TransportParams Calibration::params(const std::string& transport) const {
       m.beta = std::max(m.beta, l.params.beta);
       m.gamma = std::max(m.gamma, l.params.gamma);
       m.overhead = std::max(m.overhead, l.params.overhead);
+      m.link_beta = std::max(m.link_beta, l.params.link_beta > 0 ? l.params.link_beta : l.params.beta);
     }
     return m;
   }

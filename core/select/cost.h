@@ -15,13 +15,18 @@
 //
 // HARP_CALIBRATION_FILE=path replaces lines of the built-in set. Format, one
 // transport per line, '#' starts a comment:
-//     # transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  [overhead_s]
+//     # transport  alpha_s  beta_s_per_byte  gamma_s_per_byte  [overhead_s [link_beta_s_per_byte]]
 //     tcp          15e-6    4.2e-10          1.0e-10
 // overhead_s (TransportParams::overhead: what each further message of a burst
 // posted at once adds) is optional: a line that replaces another keeps that
 // line's overhead, so a long line calibrated by scripts/calibrate.py (alpha =
 // half its round trip) keeps the built-in software figure; a new transport's
 // line without it has overhead = alpha.
+// link_beta_s_per_byte (TransportParams::link_beta, optional, after overhead_s):
+// a host link's rate for all its flows together, where a line caps each flow
+// below it (a cloud VPC's per-flow limit: 10 Gbit/s per flow on a 25 Gbit/s
+// NIC); the host-aware costs give L ranks crossing at once the larger of one
+// flow's time and the link's. Absent or 0: beta (one flow fills the link).
 // Produce one with `python3 scripts/calibrate.py > file` on the target machines.
 // Malformed lines, negative or non-finite values are errors naming file:line.
 //

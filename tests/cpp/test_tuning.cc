@@ -208,7 +208,7 @@ TEST(Calibration, FileLinesReplaceBuiltinOnes) {
 
 TEST(Calibration, RejectsBadLinesNamingThem) {
   Calibration c;
-  for (const char* bad : {"tcp 1 2\n", "tcp 1 2 3 4 5\n", "tcp 1 2 3 -4\n", "tcp -1 2 3\n", "tcp x 2 3\n", "tcp nan 2 3\n", "tcp 1e999 1 1\n"}) {
+  for (const char* bad : {"tcp 1 2\n", "tcp 1 2 3 4 5 6\n", "tcp 1 2 3 4 -5\n", "tcp 1 2 3 4 x\n", "tcp 1 2 3 -4\n", "tcp -1 2 3\n", "tcp x 2 3\n", "tcp nan 2 3\n", "tcp 1e999 1 1\n"}) {
     try {
       c.parse(bad, "cal.txt");
       ADD_FAILURE() << "accepted: " << bad;
@@ -216,6 +216,33 @@ TEST(Calibration, RejectsBadLinesNamingThem) {
       EXPECT_NE(std::string(e.what()).find("cal.txt:1"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Calibration, AHostLinkRateSharesItAmongTheFlowsCrossingAtOnce) {
+  // A VPC line: 10 Gbit/s per flow (beta), 25 Gbit/s per host (link_beta, the sixth column).
+  Calibration c = Calibration::builtin();
+  c.parse("tcp 5e-5 8e-10 3.3e-10 3e-5 3.2e-10\n", "vpc");
+  const TransportParams t = c.params("tcp");
+  EXPECT_EQ(t.link_beta, 3.2e-10);
+  EXPECT_DOUBLE_EQ(sharedLinkSeconds(t, 1e6, 1), 8e-4);       // one flow: its own cap
+  EXPECT_DOUBLE_EQ(sharedLinkSeconds(t, 1e6, 2), 8e-4);       // two: still each flow's cap
+  EXPECT_DOUBLE_EQ(sharedLinkSeconds(t, 1e6, 8), 8 * 3.2e-4);  // eight: the link's rate, shared
+  TransportParams one = t;
+  one.link_beta = 0;  // no column: a flow fills the link, L flows take L times as long
+  EXPECT_DOUBLE_EQ(sharedLinkSeconds(one, 1e6, 8), 8 * 8e-4);
+  EXPECT_EQ(c.params("mixed").link_beta, 3.2e-10);
+  // A host-aware cost sees it: recursive doubling across 8 hosts of 8 ranks, 16 MB.
+  auto q = [&] {
+    SelectQuery s;
+    s.coll = CollType::kAllreduce, s.bytes = 16 << 20, s.count = 4 << 20, s.ranks = 64, s.transport = "mixed";
+    s.hosts = 8, s.min_local = s.max_local = 8, s.blocked = true;
+    s.intra = c.params("shm"), s.inter = t;
+    return s;
+  }();
+  const Algorithm* rd = findAlgorithm(CollType::kAllreduce, "recursive_doubling");
+  const double with_link = predictedSeconds(*rd, q, t);
+  q.inter = one;
+  EXPECT_LT(with_link, 0.5 * predictedSeconds(*rd, q, one));
 }
 
 TEST(Calibration, ALongLineKeepsTheSoftwareOverheadOfTheLineItReplaces) {

@@ -130,7 +130,8 @@ def explain(coll, size, ranks=2, transport="tcp", dtype="float32", op="sum", in_
            f"transport parameters: alpha {e['alpha'] * 1e6:.3g} us (per message: half a round trip, RTT "
            f"{2 * e['alpha'] * 1e6:.3g} us), beta {e['beta'] * 1e9:.3g} ns/byte, "
            f"gamma {e['gamma'] * 1e9:.3g} ns/byte, overhead {e['overhead'] * 1e6:.3g} us per further message of a "
-           f"burst ({e['params_source']})",
+           f"burst" + (f", host link {e['link_beta'] * 1e9:.3g} ns/byte for all flows together"
+                       if e.get("link_beta") and e["link_beta"] != e["beta"] else "") + f" ({e['params_source']})",
            f"  {'algorithm':20s} {'restrictions':18s} {'predicted':>12s}  status"]
     for c in e["candidates"]:
         status = "ok" if not c["failed"] else "failed: " + c["failed"]
