@@ -162,16 +162,20 @@ def test_mismatched_collective_named_with_its_seq(job, tmp_path):
     procs, socks, ep = job(4, "mismatch")
     (tmp_path / "never").touch()  # every rank stops at the next agreement, then rank 3 broadcasts
     key = bytes.fromhex(ep["key"])
+    # The view may name the mismatch while a rank's entry still shows an earlier call (seen under
+    # load: last seqs {4180, 4181, 4183} for a mismatch at 4183, a rank's record a few calls behind
+    # the calls its peers needed it for); the entries must converge on the mismatched call.
     deadline = time.monotonic() + 60
+    m, seqs = None, set()
     while time.monotonic() < deadline:
         view = status.job_view(ep["addr"], ep["comm"], key, 4)
         m = view["analysis"]["mismatch"]
-        if m:
+        seqs = {e["last"]["seq"] for e in view["ranks"]}
+        if m and seqs == {m["seq"]}:
             break
         time.sleep(0.2)
     assert m, view
-    seqs = {e["last"]["seq"] for e in view["ranks"]}
-    assert seqs == {m["seq"]}  # the mismatched call is every rank's last
+    assert seqs == {m["seq"]}, view  # the mismatched call is every rank's last
     assert m["by_collective"] == {"allreduce": [0, 1, 2], "broadcast": [3]} and m["blame"] == [3]
     text = tool("--job", "--socket", socks[1]).stdout
     assert f"collective mismatch at #{m['seq']}: allreduce on ranks 0, 1, 2; broadcast on ranks 3" in text
