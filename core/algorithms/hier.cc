@@ -3,7 +3,6 @@
 // would run it.
 #include "core/algorithms/hier.h"
 
-#include <algorithm>
 #include <limits>
 
 #include "core/algorithms/registry.h"
@@ -20,18 +19,13 @@ double legSeconds(CollType coll, double bytes, int ranks, const char* transport,
   q.count = q.bytes / 4;
   q.ranks = ranks;
   q.transport = transport;
-  if (auto m = TuningTable::builtin().match(coll, transport, ranks, q.bytes, t.alpha); m.row) {
-    const Algorithm* a = findAlgorithm(coll, m.row->algo);
-    for (int hops = 0; a && hops < 32 && !failedRestriction(*a, q).empty(); ++hops)
-      a = a->fallback ? findAlgorithm(coll, a->fallback) : nullptr;
-    if (a && a->cost && !a->hier_cost) return a->cost(bytes, ranks, t);
-  }
-  double best = std::numeric_limits<double>::infinity();
-  for (const Algorithm* a : algorithmsOf(coll)) {
-    if (a->hier_cost || !a->cost || !failedRestriction(*a, q).empty()) continue;
-    best = std::min(best, a->cost(bytes, ranks, t));
-  }
-  return best;
+  // The selector's own steps 2-4 (core/select/select.h): the row and its fallbacks, else the model.
+  const Algorithm* a = nullptr;
+  if (auto m = TuningTable::builtin().match(coll, transport, ranks, q.bytes, t.alpha); m.row)
+    a = withFallback(findAlgorithm(coll, m.row->algo), q);
+  if (!a || !a->cost || a->hier_cost) a = cheapestFlat(q, t);
+  // a->cost with the caller's bytes: a leg's share (rail's n / pieces / L) need not be whole.
+  return a && a->cost ? a->cost(bytes, ranks, t) : std::numeric_limits<double>::infinity();
 }
 
 }  // namespace harp::hier

@@ -24,26 +24,6 @@ const Algorithm* named(CollType c, std::string_view name, const std::string& who
   return a;
 }
 
-// a, or the first algorithm of its fallback chain whose restrictions hold.
-const Algorithm* withFallback(const Algorithm* a, const SelectQuery& q) {
-  for (int hops = 0; a && hops < 32; ++hops) {
-    if (failedRestriction(*a, q).empty()) return a;
-    a = a->fallback ? findAlgorithm(a->coll, a->fallback) : nullptr;
-  }
-  return nullptr;
-}
-
-const Algorithm* cheapest(const SelectQuery& q, const TransportParams& t) {
-  const Algorithm* best = nullptr;
-  double best_s = std::numeric_limits<double>::infinity();
-  for (const Algorithm* a : algorithmsOf(q.coll)) {
-    if (!failedRestriction(*a, q).empty() || a->hier_cost) continue;  // hierarchy: preferHierarchy
-    double s = predictedSeconds(*a, q, t);
-    if (!best || s < best_s) best = a, best_s = s;  // ties: the first by name
-  }
-  return best;
-}
-
 // Step 5 of core/select/select.h: a hierarchical algorithm replaces the flat pick
 // only where the model predicts it faster than the flat pick and than the
 // cheapest flat candidate: a table row names the best flat algorithm where it
@@ -54,7 +34,7 @@ void preferHierarchy(const SelectQuery& q, Selection& s) {
   if (!q.hier_auto || q.hosts < 2 || q.max_local < 2 || s.pick->hier_cost) return;
   const double flat = predictedSeconds(*s.pick, q, s.params);
   double bar = flat;
-  if (const Algorithm* c = cheapest(q, s.params)) bar = std::min(bar, predictedSeconds(*c, q, s.params));
+  if (const Algorithm* c = cheapestFlat(q, s.params)) bar = std::min(bar, predictedSeconds(*c, q, s.params));
   const Algorithm* best = nullptr;
   double best_s = bar;
   for (const Algorithm* a : algorithmsOf(q.coll)) {
@@ -79,6 +59,25 @@ void preferHierarchy(const SelectQuery& q, Selection& s) {
                                     " ranks on " + std::string(q.transport) + start + " (" + why + ")");
 }
 }  // namespace
+
+const Algorithm* withFallback(const Algorithm* a, const SelectQuery& q) {
+  for (int hops = 0; a && hops < 32; ++hops) {
+    if (failedRestriction(*a, q).empty()) return a;
+    a = a->fallback ? findAlgorithm(a->coll, a->fallback) : nullptr;
+  }
+  return nullptr;
+}
+
+const Algorithm* cheapestFlat(const SelectQuery& q, const TransportParams& t) {
+  const Algorithm* best = nullptr;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (const Algorithm* a : algorithmsOf(q.coll)) {
+    if (!failedRestriction(*a, q).empty() || a->hier_cost) continue;  // hierarchy: preferHierarchy
+    double s = predictedSeconds(*a, q, t);
+    if (!best || s < best_s) best = a, best_s = s;  // ties: the first by name
+  }
+  return best;
+}
 
 std::string failedRestriction(const Algorithm& a, const SelectQuery& q) {
   const Restrictions& r = a.restrictions;
@@ -189,7 +188,7 @@ Selection selectAlgorithm(const SelectQuery& query, const TuningTable& table, co
     if (s.pick != s.named) s.named_failed = "fails: " + failedRestriction(*s.named, q);
     if (!s.pick) nothingFits(q, " from " + std::string(s.named->name) + " and its fallbacks");
   } else {
-    s.pick = cheapest(q, s.params);
+    s.pick = cheapestFlat(q, s.params);
     if (!s.pick) nothingFits(q, "");
   }
   if (s.source != PickSource::kUser) preferHierarchy(q, s);

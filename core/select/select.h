@@ -78,6 +78,13 @@ std::string failedRestriction(const Algorithm& a, const SelectQuery& q);
 std::string restrictionText(const Restrictions& r);
 // a.cost evaluated for q (infinity when a declares no cost).
 double predictedSeconds(const Algorithm& a, const SelectQuery& q, const TransportParams& t);
+// `a`, or the first algorithm of its declared fallback chain whose restrictions
+// hold for q; nullptr when none does (or a is nullptr).
+const Algorithm* withFallback(const Algorithm* a, const SelectQuery& q);
+// The cheapest flat (not hierarchical) algorithm of q.coll whose restrictions
+// hold, by predictedSeconds with t; ties go to the first by name; nullptr when
+// none holds.
+const Algorithm* cheapestFlat(const SelectQuery& q, const TransportParams& t);
 
 enum class PickSource { kUser, kTuning, kCostModel };
 const char* pickSourceName(PickSource s);  // "user", "tuning", "cost model"
