@@ -93,6 +93,30 @@ def own_socket_inodes():
     return inodes
 
 
+def own_tcp_peers():
+    """(address, port) of the far end of every connected TCP socket this process holds, asked of
+    each socket fd itself (getpeername on a duplicate). Unlike /proc/net/tcp, whose page-by-page
+    reads can skip rows while other processes open and close sockets, this cannot miss one."""
+    import socket
+
+    peers = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                peers.append(s.getpeername()[:2])
+        except OSError:
+            pass  # a listener or an unconnected socket
+        finally:
+            s.close()
+    return peers
+
+
 def run_ranks(n, fn, *args, env=None, timeout=120, allow_errors=False, uid=None):
     procs, q = start_ranks(n, fn, *args, env=env, uid=uid)
     return collect(procs, q, timeout, allow_errors)

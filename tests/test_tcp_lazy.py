@@ -14,29 +14,15 @@ import pytest
 
 import harp
 from collectives_check import check_everything
-from harness import own_socket_inodes, run_ranks
+from harness import own_tcp_peers, run_ranks
 
 LAZY = {"HARP_TRANSPORT": "tcp", "HARP_SOCKET_CONNECT": "lazy"}
 
 
 def _tcp_peers():
-    """This process's established TCP connections but the one to the bootstrap store (from
-    /proc: the inodes of our socket fds matched against /proc/net/tcp{,6})."""
+    """This process's connected TCP sockets but the one to the bootstrap store."""
     store_port = int(harp.UniqueId.from_hex(os.environ["HARP_UNIQUE_ID"]).address.rsplit(":", 1)[1])
-    inodes = own_socket_inodes()
-    conns = 0
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                next(f)
-                for line in f:
-                    cols = line.split()
-                    far = int(cols[2].rsplit(":", 1)[1], 16)
-                    if cols[3] == "01" and cols[9] in inodes and far != store_port:  # ESTABLISHED, ours
-                        conns += 1
-        except OSError:
-            pass
-    return conns
+    return sum(1 for _, port in own_tcp_peers() if port != store_port)
 
 
 def _counts(rank, size, barrier):
