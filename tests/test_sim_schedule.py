@@ -8,6 +8,7 @@ system python3 has no simgrid: scripts/install-deps.sh --sim).
 """
 
 import collections
+import dataclasses
 import math
 import shutil
 import subprocess
@@ -184,6 +185,40 @@ def test_replay_on_an_ideal_network_takes_bytes_over_rate(engine):
     t = float(out.stdout.split()[-1])
     ideal = 2 * 3 / 4 * 16 * N / 1e8  # each rank's uplink carries 2(p-1)/p n bytes
     assert ideal <= t * (1 + 1e-6) and t < ideal * 1.05, (t, ideal)
+
+
+def _two_sends(comms):
+    """Rank 0 (host 0) sends rank 1 (host 1) two 8 MB messages posted together, on the connection
+    sets `comms`."""
+    n = 8 << 20
+    lines = ["# harp-schedule 1 coll=test algo=two-sends p=2 bytes=8388608 hosts=2", "R 0"]
+    lines += [f"S {i} 1 {n} {c}" for i, c in enumerate(comms)] + ["W 0 1", "R 1"]
+    lines += [f"V {i} 0 {n} {c}" for i, c in enumerate(comms)] + ["W 0 1"]
+    return schedule.parse("\n".join(lines) + "\n"), n
+
+
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_one_connections_messages_share_its_flow_cap(engine):
+    """One TCP stream per pair: two messages in flight together on one connection take the per-flow
+    cap once between them (2 n / cap), on two connections once each (n / cap); the NIC is 4 x the cap."""
+    import platforms  # noqa: PLC0415
+    import replay  # noqa: PLC0415
+
+    cap = 1.25e8
+    spec = platforms.Spec(hosts=2, link_Bps=4 * cap, flow_cap_Bps=cap, rtt_s=1e-4, shm_lat_s=0, reduce_Bps=1e15,
+                          send_overhead_s=0)
+    same, other = _two_sends((0, 0))[0].text, _two_sends((0, 1))[0].text
+    code = ("import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
+            f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})\n"
+            f"print(replay.simulate(schedule.parse({same!r}), spec, engine={engine!r}), "
+            f"replay.simulate(schedule.parse({other!r}), spec, engine={engine!r}))\n")
+    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    one, two = map(float, out.stdout.split())
+    n = _two_sends((0,))[1]
+    assert 2 * n / cap <= one * (1 + 1e-6) and one < 2 * n / cap * 1.02 + 1e-3, (one, 2 * n / cap)
+    assert n / cap <= two * (1 + 1e-6) and two < n / cap * 1.02 + 1e-3, (two, n / cap)
 
 
 # Schedules and platforms both replayers see: the arena (tbf bucket, 3 back-to-back iterations,

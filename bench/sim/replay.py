@@ -17,7 +17,11 @@ executes <bytes> / rate on the rank's core (reduce: Spec.reduce_Bps; the
 fp16/bf16 conversions at the same rate: they stream the same float32 bytes).
 Every mailbox has its receiver set at start, so a send starts moving bytes
 as soon as it is posted (TCP's eager socket buffers), not when the receive is
-posted. The result is the time the slowest rank finishes (what the arena
+posted. Between hosts, where Spec.flow_cap_Bps is set, each connection
+(directed pair and connection set) is one TCP stream: its messages share the
+cap back to back, a message held until the connection's earlier ones have
+had their bytes at the cap's rate (latencies overlap, as a stream's do).
+The result is the time the slowest rank finishes (what the arena
 benchmarks report: the slowest rank's time).
 
     python3 bench/sim/replay.py --algo ring --p 8 --bytes 1048576 --hosts 8 --rtt-us 1000
@@ -120,6 +124,15 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 
     finish = [[0.0] * iterations for _ in range(p)]
     o_send = spec.send_overhead_s
     buckets = [[spec.burst_B, 0.0] for _ in range(2 * spec.hosts)]  # [tokens, last refill]: up h, down h
+    conn_free = {}  # mailbox name: when the connection's bytes so far are all sent at the cap
+
+    def serialised(name: str, nbytes: int, hold: float) -> float:
+        """The seconds a message the buckets hold `hold` s must also wait for its connection's
+        earlier messages (one stream per pair: they share the cap, back to back)."""
+        now = Engine.clock
+        start = max(now + hold, conn_free.get(name, 0.0))
+        conn_free[name] = start + nbytes / spec.flow_cap_Bps
+        return start - now
 
     def shaped(src: int, dst: int, nbytes: int) -> float:
         """Charges an inter-host message to both buckets; the seconds it must be held
@@ -155,8 +168,12 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 
             if k == "S":
                 if o_send > 0:
                     this_actor.sleep_for(o_send)
-                mb = Mailbox.by_name(f"{r}>{op[2]}:{op[4]}")
-                hold = shaped(r, op[2], op[3]) if spec.burst_B > 0 and r // spec.local != op[2] // spec.local else 0
+                name = f"{r}>{op[2]}:{op[4]}"
+                mb = Mailbox.by_name(name)
+                inter = r // spec.local != op[2] // spec.local
+                hold = shaped(r, op[2], op[3]) if spec.burst_B > 0 and inter else 0
+                if spec.flow_cap_Bps > 0 and inter:
+                    hold = serialised(name, max(op[3], 1), hold)
                 if hold > 0:  # a helper actor holds it (the rank goes on), then sends
                     reqs[op[1]] = Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
                 else:

@@ -22,6 +22,16 @@
 //     receiver host's down bucket (refill link_Bps, depth burst_B); a message
 //     the buckets do not cover is held by a helper actor until they have
 //     refilled the debt, then put (the rank goes on at once);
+//   * one TCP stream per connection (directed pair and connection set) between
+//     hosts, where a per-flow cap is set: a connection's messages share its
+//     cap, back to back. A message may start moving once the connection's
+//     earlier messages have had their bytes at the cap's rate (its "free"
+//     time); until then a helper actor holds it, as for the bucket. Messages
+//     in flight together on one pair (the ring's segments of a chunk) so
+//     take the cap once, not once each; latencies still overlap, as a stream's
+//     do. Where the NIC's share, not the cap, limits a flow, the next message
+//     may start while the previous still moves: they then share the NIC.
+//     --per-message-cap: each message its own flow at the cap (comparison);
 //   * A/E/J lines (a rank's lane: rail's asynchronous legs): a second actor per
 //     such rank runs the jobs in the order posted; J waits for one;
 //   * iterations > 1: the schedule runs that many times back to back (no
@@ -29,7 +39,8 @@
 //
 // Usage:
 //   harp_replay --spec hosts=8,local=8,link_Bps=3.125e9,rtt_s=1e-3,...
-//               [--iterations N] [--factory raw|ucontext|thread] [SCHEDULE|-]
+//               [--iterations N] [--factory raw|ucontext|thread]
+//               [--fatpipe-cap] [--per-message-cap] [SCHEDULE|-]
 // Prints "sim-seconds S", "messages M", "wall-seconds W" (the replay's own
 // run time). Spec keys are platforms.Spec's fields; unknown keys, malformed
 // numbers and schedules that do not parse are errors naming the culprit.
@@ -240,6 +251,7 @@ Schedule parseSchedule(std::istream& in, double reduce_Bps) {
 // their memory link. 0 when the window would bind less than tcp_window_B does
 // not matter: then min(tcp_window_B, that) is used, as both limits hold.
 bool g_window_cap = true;  // --fatpipe-cap: platforms.py's link instead (comparison)
+bool g_conn_serial = true;  // --per-message-cap: off
 bool windowCap(const Spec& sp) { return g_window_cap && sp.flow_cap_Bps > 0; }
 double tcpWindow(const Spec& sp) {
   if (!windowCap(sp)) return sp.tcp_window_B;
@@ -289,6 +301,17 @@ struct Sim {
   int iterations = 1;
   std::vector<std::vector<double>> finish;           // [rank][iteration]
   std::vector<std::pair<double, double>> buckets;    // [tokens, last refill]: up h, then down h
+  std::unordered_map<const sg4::Mailbox*, double> conn_free;  // a connection's bytes all sent at the cap by then
+
+  // The seconds a message that the buckets hold `hold` s must also wait for
+  // its connection's earlier messages (see the header: one stream per pair).
+  double serialised(const sg4::Mailbox* mb, uint64_t bytes, double hold) {
+    const double now = sg4::Engine::get_clock();
+    double& free = conn_free[mb];
+    const double start = std::max(now + hold, free);
+    free = start + static_cast<double>(bytes) / sp.flow_cap_Bps;
+    return start - now;
+  }
 
   // Charges an inter-host message to both buckets; the seconds it must be held.
   double shaped(int src, int dst, uint64_t bytes) {
@@ -355,7 +378,9 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         reap();
         if (sp.send_overhead_s > 0) sg4::this_actor::sleep_for(sp.send_overhead_s);
         const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
-        double hold = sp.burst_B > 0 && r / sp.local != o.peer / sp.local ? sim->shaped(r, o.peer, o.bytes) : 0;
+        const bool inter = r / sp.local != o.peer / sp.local;
+        double hold = sp.burst_B > 0 && inter ? sim->shaped(r, o.peer, o.bytes) : 0;
+        if (g_conn_serial && sp.flow_cap_Bps > 0 && inter) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done();  // a request id reused before its wait (never in harp_sched's output)
         q.live = true;
@@ -442,8 +467,9 @@ int main(int argc, char** argv) {
     else if (a == "--factory") factory = value();
     else if (a == "--cfg") extra_cfg.push_back("--cfg=" + value());
     else if (a == "--fatpipe-cap") g_window_cap = false;
+    else if (a == "--per-message-cap") g_conn_serial = false;
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [SCHEDULE|-]\n");
+      std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [--fatpipe-cap] [--per-message-cap] [SCHEDULE|-]\n");
       return 0;
     } else if (!a.empty() && a[0] == '-' && a != "-") fail("unknown option " + a);
     else path = a;
