@@ -255,3 +255,41 @@ def test_cpp_replayer_agrees_with_the_python_reference(algo, p, n, hosts, spec, 
     py, cpp = map(float, out.stdout.split())
     assert abs(cpp / py - 1) < 1e-6, (py, cpp)
 
+
+
+def _ring_of_one_message(p):
+    """Every rank sends its right neighbour 8 bytes and receives from its left one, all at once."""
+    lines = [f"# harp-schedule 1 coll=test algo=shift p={p} bytes=8 hosts={p}"]
+    for r in range(p):
+        lines += [f"R {r}", f"S 0 {(r + 1) % p} 8 0", f"V 1 {(r - 1) % p} 8 0", "W 0 1"]
+    return "\n".join(lines) + "\n"
+
+
+def _replay_text(text, spec, tmp_path):
+    import replay  # noqa: PLC0415
+
+    path = tmp_path / "s.sched"
+    path.write_text(text)
+    return replay.simulate_file(str(path), spec)
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_shared_cores_queue_the_ranks_cpu_work(tmp_path):
+    """Spec.cores: 4 ranks each spend 1 ms posting one message at once; on c shared cores that takes
+    4 / c ms (each rank its own core: 1 ms)."""
+    import platforms  # noqa: PLC0415
+
+    base = platforms.Spec(hosts=4, link_Bps=1e9, rtt_s=0, shm_lat_s=0, send_overhead_s=1e-3)
+    for cores, want in ((0, 1e-3), (1, 4e-3), (2, 2e-3), (4, 1e-3)):
+        t = _replay_text(_ring_of_one_message(4), base.but(cores=cores), tmp_path)["sim_seconds"]
+        assert want <= t < want + 1e-4, (cores, t, want)
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_a_schedule_that_deadlocks_is_an_error_not_a_time(tmp_path):
+    """A receive no one sends to: SimGrid ends the run quietly; the replayer must say so, not print 0 s."""
+    import platforms  # noqa: PLC0415
+
+    text = _ring_of_one_message(3).replace("V 1 1 8 0", "V 1 0 8 0")  # rank 2 waits on rank 0, which sends to 1
+    with pytest.raises(RuntimeError, match=r"2 rank\(s\) never finished: 1 in iteration 1, 2 in iteration 1"):
+        _replay_text(text, platforms.Spec(hosts=3), tmp_path)

@@ -40,6 +40,10 @@ class Spec:
     # to the sender's and the receiver's buckets (link_Bps refill, burst_B deep).
     burst_B: float = 0.0
     burst_Bps: float = 0.0
+    # > 0: every rank's CPU work (each message's send overhead, every X line) runs on one shared
+    # host of this many cores (the arena: all emulated hosts on one machine), so ranks busy at
+    # once queue for them; 0: each rank has its own core. harp_replay only.
+    cores: int = 0
 
     @property
     def nic_Bps(self) -> float:

@@ -32,6 +32,9 @@
 //     do. Where the NIC's share, not the cap, limits a flow, the next message
 //     may start while the previous still moves: they then share the NIC.
 //     --per-message-cap: each message its own flow at the cap (comparison);
+//   * cores > 0 (the arena: every emulated host on one machine's cores): each
+//     message's CPU and every X runs on one shared host of that many cores, so
+//     ranks busy at once queue for them; cores = 0: each rank its own core;
 //   * A/E/J lines (a rank's lane: rail's asynchronous legs): a second actor per
 //     such rank runs the jobs in the order posted; J waits for one;
 //   * iterations > 1: the schedule runs that many times back to back (no
@@ -74,6 +77,7 @@ struct Spec {
   int hosts = 0, local = 1;
   double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
          send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0;
+  int cores = 0;  // > 0: every rank's CPU work runs on one shared host of this many cores
   double nic_Bps() const { return burst_B > 0 ? burst_Bps : link_Bps; }
   int ranks() const { return hosts * local; }
 };
@@ -106,10 +110,12 @@ Spec parseSpec(const std::string& s) {
     auto eq = kv.find('=');
     if (eq == std::string::npos) fail("--spec: '" + kv + "' is not key=value");
     std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-    if (k == "hosts" || k == "local") {
+    if (k == "hosts" || k == "local" || k == "cores") {
       double x = number(k, v);
-      if (x < 1 || x > 1 << 20 || x != std::floor(x)) fail("--spec " + k + "=" + v + ": not a count >= 1");
-      (k == "hosts" ? sp.hosts : sp.local) = static_cast<int>(x);
+      const double least = k == "cores" ? 0 : 1;
+      if (x < least || x > 1 << 20 || x != std::floor(x))
+        fail("--spec " + k + "=" + v + ": not a count >= " + std::to_string(static_cast<int>(least)));
+      (k == "hosts" ? sp.hosts : k == "local" ? sp.local : sp.cores) = static_cast<int>(x);
     } else if (auto it = dbl.find(k); it != dbl.end()) {
       *it->second = number(k, v);
     } else {
@@ -290,6 +296,7 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
     root->add_route(zone->get_netpoint(), nullptr, gw, nullptr, up, false);
     root->add_route(nullptr, zone->get_netpoint(), nullptr, gw, {LR(nic, LR::Direction::DOWN)}, false);
   }
+  if (sp.cores > 0) root->create_host("cpu", 1.0)->set_core_count(sp.cores)->seal();
   root->seal();
   return ranks;
 }
@@ -298,8 +305,17 @@ struct Sim {
   Spec sp;
   Schedule* s = nullptr;
   std::vector<sg4::Host*> hosts;
+  sg4::Host* cpu = nullptr;  // Spec::cores > 0: the shared cores
   int iterations = 1;
+
+  // `seconds` of one core's work for the calling rank: on its own core, or on
+  // the shared cores, where ranks busy at once share them.
+  void work(double seconds) const {
+    if (cpu) sg4::this_actor::exec_init(seconds)->set_host(cpu)->start()->wait();
+    else sg4::this_actor::execute(seconds);
+  }
   std::vector<std::vector<double>> finish;           // [rank][iteration]
+  std::vector<int> finished;                         // [rank]: iterations done
   std::vector<std::pair<double, double>> buckets;    // [tokens, last refill]: up h, then down h
   std::unordered_map<const sg4::Mailbox*, double> conn_free;  // a connection's bytes all sent at the cap by then
 
@@ -376,7 +392,10 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
     switch (o.kind) {
       case 'S': {
         reap();
-        if (sp.send_overhead_s > 0) sg4::this_actor::sleep_for(sp.send_overhead_s);
+        if (sp.send_overhead_s > 0) {
+          if (sim->cpu) sim->work(sp.send_overhead_s);
+          else sg4::this_actor::sleep_for(sp.send_overhead_s);
+        }
         const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
         const bool inter = r / sp.local != o.peer / sp.local;
         double hold = sp.burst_B > 0 && inter ? sim->shaped(r, o.peer, o.bytes) : 0;
@@ -417,7 +436,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         st.done[o.peer]->acquire();
         break;
       default:
-        sg4::this_actor::execute(o.seconds);  // hosts run 1 flop/s: flops = seconds
+        sim->work(o.seconds);  // hosts run 1 flop/s: flops = seconds
     }
   }
 }
@@ -447,6 +466,7 @@ void rankActor(Sim* sim, int r) {
     for (Req& q : st.reqs)
       if (q.live) q.done();
     sim->finish[r][it] = sg4::Engine::get_clock();
+    sim->finished[r] = it + 1;
   }
 }
 
@@ -504,6 +524,7 @@ int main(int argc, char** argv) {
   sg4::Engine e(&cargc, cargs.data());
   sg4::Engine::set_config("network/TCP-gamma", tcpWindow(sim.sp));
   sim.hosts = buildPlatform(sim.sp);
+  if (sim.sp.cores > 0) sim.cpu = sg4::Host::by_name("cpu");
 
   // Mailboxes: one per (src, dst, comm) that carries a message; its receiver set (eager).
   std::unordered_map<uint64_t, sg4::Mailbox*> boxes;
@@ -524,6 +545,7 @@ int main(int argc, char** argv) {
     for (auto& job : sched.ranks[r].jobs) boxes_of(r, job);
   }
   sim.finish.assign(sched.p, std::vector<double>(iterations, 0.0));
+  sim.finished.assign(sched.p, 0);
   sim.buckets.assign(2 * sim.sp.hosts, {sim.sp.burst_B, 0.0});
   for (int r = 0; r < sched.p; ++r) {
     auto a = sg4::Actor::create("rank" + std::to_string(r), sim.hosts[r], rankActor, &sim, r);
@@ -534,6 +556,16 @@ int main(int argc, char** argv) {
         if (o.kind == 'V') o.mb->set_receiver(a);
   }
   e.run();
+  {  // SimGrid ends a deadlocked run quietly (a wait nothing completes): name the ranks stuck
+    std::string stuck;
+    int n = 0;
+    for (int r = 0; r < sched.p; ++r)
+      if (sim.finished[r] != iterations && ++n <= 8)
+        stuck += (n > 1 ? ", " : "") + std::to_string(r) + " in iteration " + std::to_string(sim.finished[r] + 1);
+    if (n > 0)
+      fail(std::to_string(n) + " rank(s) never finished: " + stuck + (n > 8 ? ", ..." : "") +
+           " (a receive with no matching send, or a send no one receives)");
+  }
   for (auto& kv : boxes) kv.second->set_receiver(nullptr);
   std::vector<double> ends(iterations, 0.0);
   for (int it = 0; it < iterations; ++it)
