@@ -4,14 +4,15 @@ host, 1 Gbit/s veths through one switch), read from the benchmark JSON files.
 
     points()  ->  [Point(file, hosts, rtt_us, algo, nbytes, us), ...]
 
-Sources (each the median over its repetitions of the slowest rank's time):
-  bench/vpc/results/tuner-rtt.json                4 hosts, RTT 0 and 1 ms, forced ring/rd/hd
-  bench/vpc/results/tuner-tree-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, forced ring/rd/hd (its tree
-        is the tree before the depth-staggered steps, not today's code: left out)
-  bench/vpc/results/tuner-tree2-6hosts-rtt1ms.json 6 hosts, RTT 1 ms, today's tree
-  bench/vpc/results/allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's
-        own choice (auto), which the tuning table makes rd < 16K, hd 16K-2M, ring >= 2M
-  results/sim/arena-*.json                  fresh tuner_bench.py runs (2 and 8 hosts)
+Sources (each the median over its repetitions of the slowest rank's time), in results/arena/:
+  tuner-rtt-quiet.json               4 hosts, RTT 0 and 1 ms, forced ring/rd/hd, a quiet machine,
+        2 repetitions x in place and out of place (87cdaff's tree; stop 44)
+  tuner-tree-6hosts-rtt1ms.json      6 hosts, RTT 1 ms, forced ring/rd/hd (its tree is the tree
+        before the depth-staggered steps, not today's code: left out)
+  tuner-tree2-6hosts-rtt1ms.json     6 hosts, RTT 1 ms, today's tree
+  allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's own choice (auto), which
+        the tuning table then made rd < 16K, hd 16K-2M, ring >= 2M
+and results/sim/arena-*.json: tuner_bench.py runs made for the calibration (2 and 8 hosts).
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _quiet(path: Path) -> list:
 
 
 def points() -> list:
-    res = ROOT / "bench/vpc/results"
-    pts = _tuner(res / "tuner-rtt.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
+    res = ROOT / "results/arena"
+    pts = _tuner(res / "tuner-rtt-quiet.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
     pts += _tuner(res / "tuner-tree2-6hosts-rtt1ms.json", ("tree",))
     pts += _quiet(res / "allreduce-4-8hosts-quiet-4c2902b.json")
     for f in sorted((ROOT / "results/sim").glob("arena-*.json")):

@@ -5,7 +5,7 @@ Replays HARP's own schedule (harp_sched) for every measured arena point
 (platforms.ARENA below) and prints a markdown table: measured, simulated,
 sim / measured, and the share of points within 15%.
 
-    python3 bench/sim/calibrate.py [--out results/sim/calibration.json] [--md FILE]
+    python3 bench/sim/calibrate.py [--out results/sim/calibration.json] [--md FILE] [--cores N]
 
 The arena platform's constants, and where each comes from:
   link 119.6 MB/s   one TCP stream through a 1 Gbit/s veth (link_MBps in every arena JSON)
@@ -18,6 +18,8 @@ The arena platform's constants, and where each comes from:
                     max(256 KB, 2 ms at the rate) (python/harp/cluster/net.py): a message the
                     bucket covers leaves at veth speed (10 Gbit/s assumed), a longer one waits
                     for the tokens (replay.py holds it)
+  cores (--cores)   0: each emulated host its own core; N: every rank's CPU work on N shared
+                    cores (the arena runs all its hosts on this machine's cores)
   reduce 3 GB/s     float32 sum, one core of the arena VM (bench/RESULTS.md's kernel rates
                     are 2-6 GB/s for out = a + b)
 """
@@ -40,7 +42,7 @@ import schedule  # noqa: E402
 BASE_RTT_S = 42e-6
 ARENA = platforms.Spec(hosts=2, link_Bps=119.6e6, rtt_s=BASE_RTT_S, reduce_Bps=3e9, send_overhead_s=5e-6,
                        burst_B=256 * 1024, burst_Bps=10e9 / 8)
-SEND_OVERHEADS = (5e-6, 10e-6, 20e-6, 30e-6)
+SEND_OVERHEADS = (5e-6, 10e-6, 20e-6, 30e-6, 45e-6, 60e-6)
 DELAY_SCALES = (0.8, 0.9, 1.0)
 ITERATIONS = 3  # back to back, as the benchmark loops: the tbf bucket's steady state  # delivered / asked added delay (the delay line's own accuracy)
 
@@ -59,14 +61,14 @@ def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.
     return list(zip(points, sims))
 
 
-def fit(points: list, cache: dict) -> tuple:
+def fit(points: list, cache: dict, base: platforms.Spec = ARENA) -> tuple:
     """(spec, delay scale) minimising the mean |log(sim / measured)| of the small sizes
     (robust to the few points a loaded machine inflated)."""
     small = [p for p in points if p.nbytes <= 4096]
     best = None
     for o in SEND_OVERHEADS:
         for k in DELAY_SCALES:
-            spec = ARENA.but(send_overhead_s=o)
+            spec = base.but(send_overhead_s=o)
             worst = sum(abs(math.log(s / p.us)) for p, s in run(small, spec, cache, k)) / len(small)
             if best is None or worst < best[0]:
                 best = (worst, spec, k)
@@ -95,16 +97,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="JSON of every point")
     ap.add_argument("--md", default=None, help="write the markdown table here (default: stdout)")
+    ap.add_argument("--cores", type=int, default=0, help="shared cores of the arena's machine (0: a core per rank)")
     a = ap.parse_args()
+    if a.cores < 0:
+        ap.error("--cores must be >= 0")
     pts = arena.points()
     cache: dict = {}
     for pt in pts:  # the schedules, emitted once, before the threads share the cache
         if (pt.algo, pt.hosts, pt.nbytes) not in cache:
             cache[(pt.algo, pt.hosts, pt.nbytes)] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
-    spec, k = fit(pts, cache)
+    spec, k = fit(pts, cache, ARENA.but(cores=a.cores))
     rows = run(pts, spec, cache, k)
-    md = (f"Fitted: {spec.send_overhead_s * 1e6:g} us CPU per message; the added delay delivered at {k:g} x "
-          f"the asked.\n\n" + table(rows))
+    cores = f"{a.cores} cores shared by every rank" if a.cores else "a core per rank"
+    md = (f"Fitted ({cores}): {spec.send_overhead_s * 1e6:g} us CPU per message; the added delay delivered at "
+          f"{k:g} x the asked.\n\n" + table(rows))
     if a.md:
         Path(a.md).write_text(md + "\n")
     else:

@@ -124,6 +124,9 @@ def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: 
         except TimeoutError:
             out["skipped"] = f"replay over {timeout_s:.0f} s"
             return out
+        except RuntimeError as e:  # one cell's failure is recorded (and shown open), not the run's end
+            out["skipped"] = "replay failed: " + str(e).strip().splitlines()[-1][-300:]
+            return out
         out.update(us=r["sim_seconds"] * 1e6, messages=r["messages"], wall_s=round(time.monotonic() - t0, 2))
         return out
     finally:

@@ -26,7 +26,8 @@
 //     hosts, where a per-flow cap is set: a connection's messages share its
 //     cap, back to back. A message may start moving once the connection's
 //     earlier messages have had their bytes at the cap's rate (its "free"
-//     time); until then a helper actor holds it, as for the bucket. Messages
+//     time); the rank's pump actor starts it then (and holds it for the
+//     bucket too, where both apply). Messages
 //     in flight together on one pair (the ring's segments of a chunk) so
 //     take the cap once, not once each; latencies still overlap, as a stream's
 //     do. Where the NIC's share, not the cap, limits a flow, the next message
@@ -61,6 +62,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -343,29 +346,93 @@ struct Sim {
   }
 };
 
-// A request: a comm (S, V) or a helper actor holding a shaped send.
+struct RankState;
+
+// A request: a comm (S, V), a helper actor holding a shaped send, or a send
+// deferred to the rank's pump (its comm set when the pump starts it).
 struct Req {
   sg4::CommPtr comm;
   sg4::ActorPtr held;
   void* payload = nullptr;
   bool live = false;
-  void done() {
-    if (comm) comm->wait();
-    else if (held) held->join();
-    comm = nullptr;
-    held = nullptr;
-    live = false;
-  }
+  bool deferred = false;
+  void done(RankState& st);
 };
 
-// The state one rank's actors share: its requests, and its lane (the worker
+// A send held until `due` (its connection's earlier bytes, the buckets), for
+// the rank's pump actor: one actor per rank starts them all at their times
+// (one helper actor per held message ran out of memory maps at 256 ranks).
+struct Deferred {
+  double due;
+  uint64_t seq;  // posting order: equal dues start in it
+  uint32_t id;
+  sg4::Mailbox* mb;
+  uint64_t bytes;
+};
+struct LaterFirst {
+  bool operator()(const Deferred& a, const Deferred& b) const { return a.due != b.due ? a.due > b.due : a.seq > b.seq; }
+};
+
+// The state one rank's actors share: its requests, its deferred sends, and its lane (the worker
 // thread of a hierarchical algorithm's asynchronous legs: jobs run in order).
 struct RankState {
   std::vector<Req> reqs;
   std::deque<int> queue;                   // jobs posted, not yet started
   sg4::SemaphorePtr posted;                // one release per posted job
   std::vector<sg4::SemaphorePtr> done;     // one release per finished job (per iteration)
+  std::priority_queue<Deferred, std::vector<Deferred>, LaterFirst> deferred;
+  uint64_t seq = 0;
+  sg4::ActorPtr pump;                      // created with the first deferred send
+  sg4::SemaphorePtr wake;                  // one release per deferred send posted
+  sg4::MutexPtr mu;
+  sg4::ConditionVariablePtr started;       // the pump has started a deferred send
 };
+
+void Req::done(RankState& st) {
+  if (deferred && !comm) {
+    std::unique_lock<sg4::Mutex> lock(*st.mu);
+    while (!comm) st.started->wait(lock);
+  }
+  if (comm) comm->wait();
+  else if (held) held->join();
+  comm = nullptr;
+  held = nullptr;
+  live = false;
+  deferred = false;
+}
+
+// The rank's pump: starts each deferred send at its due time, in due order.
+void pumpActor(RankState* st) {
+  for (;;) {
+    if (st->deferred.empty()) {
+      st->wake->acquire();
+      continue;
+    }
+    const double wait = st->deferred.top().due - sg4::Engine::get_clock();
+    if (wait > 1e-12) {
+      st->wake->acquire_timeout(wait);  // a new send may be due sooner: look again either way
+      continue;
+    }
+    const Deferred d = st->deferred.top();
+    st->deferred.pop();
+    st->reqs[d.id].comm = d.mb->put_async(&g_payload, d.bytes);
+    std::unique_lock<sg4::Mutex> lock(*st->mu);
+    st->started->notify_all();
+  }
+}
+
+void defer(Sim* sim, int r, RankState& st, const Op& o, uint64_t bytes, double hold) {
+  if (!st.pump) {
+    st.wake = sg4::Semaphore::create(0);
+    st.mu = sg4::Mutex::create();
+    st.started = sg4::ConditionVariable::create();
+    st.pump = sg4::Actor::create("pump" + std::to_string(r), sim->hosts[r], pumpActor, &st);
+    st.pump->daemonize();
+  }
+  st.reqs[o.id].deferred = true;
+  st.deferred.push({sg4::Engine::get_clock() + hold, st.seq++, o.id, o.mb, bytes});
+  st.wake->release();
+}
 
 void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
   Rank& rk = sim->s->ranks[r];
@@ -401,9 +468,11 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         double hold = sp.burst_B > 0 && inter ? sim->shaped(r, o.peer, o.bytes) : 0;
         if (g_conn_serial && sp.flow_cap_Bps > 0 && inter) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
-        if (q.live) q.done();  // a request id reused before its wait (never in harp_sched's output)
+        if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
         q.live = true;
-        if (hold > 0) {
+        if (hold > 0 && g_conn_serial && sp.flow_cap_Bps > 0) {
+          defer(sim, r, st, o, bytes, hold);
+        } else if (hold > 0) {
           sg4::Mailbox* mb = o.mb;
           q.held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
             sg4::this_actor::sleep_for(hold);
@@ -417,7 +486,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
       }
       case 'V': {
         Req& q = reqs[o.id];
-        if (q.live) q.done();
+        if (q.live) q.done(st);
         q.live = true;
         q.comm = o.mb->get_async(&q.payload);
         break;
@@ -425,7 +494,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
       case 'W':
         for (uint32_t i = 0; i < o.n; ++i) {
           const uint32_t id = rk.waits[o.id + i];
-          if (id < reqs.size() && reqs[id].live) reqs[id].done();
+          if (id < reqs.size() && reqs[id].live) reqs[id].done(st);
         }
         break;
       case 'A':
@@ -464,7 +533,7 @@ void rankActor(Sim* sim, int r) {
   for (int it = 0; it < sim->iterations; ++it) {
     runOps(sim, r, rk.ops, st);
     for (Req& q : st.reqs)
-      if (q.live) q.done();
+      if (q.live) q.done(st);
     sim->finish[r][it] = sg4::Engine::get_clock();
     sim->finished[r] = it + 1;
   }
