@@ -31,6 +31,17 @@
 //   (s + 2d)·alpha + (1 + 2d/s)·(2n·beta + n·gamma)
 // Latency like halving-doubling's 2·log2 p for any p (no fold), bandwidth like
 // the ring's 2n; medium messages on many ranks at long round trips.
+// On H hosts of L consecutive ranks most tree edges stay inside a host; those
+// that cross carry n/2 each way, on connections of their own. With σ = n/(2s),
+// x = the most host-crossing edges on a path to a root, and E = the most
+// crossing edge ends at one host (both trees; 6 from 32 ranks of 8 per host):
+//   2·(x·(a_e + σ·b_e) + (d-x)·(a_i + σ·b_i)) + 2d·σ·c                  filling
+//   + s·(max(shared(E flows of σ), 4σ·b_i, a_e + σ·b_e) + σ·c)       each step
+// (shared: the host link's rate for its E flows together, none above b_e; a
+// step waits for its neighbours' messages of the step before: a_e + σ·b_e
+// where any edge crosses hosts, which binds at long round trips). The
+// flat cost prices every hop at the host line and every byte at one flow's rate;
+// at 64-128 ranks of 8 per host it was 2-2.5 x the replayed times.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -200,8 +211,51 @@ double treeCost(double n, int p, const TransportParams& t) {
   const double s = static_cast<double>(treeSegments(n / 2, d, 512 << 10));
   return (s + 2 * d) * t.alpha + (1 + 2 * d / s) * (2 * n * t.beta + n * t.gamma);
 }
+
+// The cross-host structure of both trees on H hosts of L consecutive ranks:
+// {x: most crossing edges on a rank's path to its root, E: most crossing edge
+// ends at one host}.
+struct TreeCrossing {
+  int x = 0, ends = 0;
+};
+TreeCrossing treeCrossing(int p, int L) {
+  TreeCrossing out;
+  std::vector<int> ends(static_cast<size_t>((p + L - 1) / L), 0);
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int> parent(static_cast<size_t>(p));
+    for (int r = 0; r < p; ++r) {
+      parent[r] = treeOf(t, r, p).parent;
+      if (parent[r] >= 0 && parent[r] / L != r / L) {
+        ++ends[r / L];
+        ++ends[parent[r] / L];
+      }
+    }
+    for (int r = 0; r < p; ++r) {
+      int x = 0;
+      for (int u = r; parent[u] >= 0; u = parent[u]) x += parent[u] / L != u / L;
+      out.x = std::max(out.x, x);
+    }
+  }
+  for (int e : ends) out.ends = std::max(out.ends, e);
+  return out;
+}
+
+double treeHostsCost(double n, const HierShape& sh, const TransportParams& in, const TransportParams& ex) {
+  const int p = sh.hosts * sh.local;
+  if (p == 1) return 0;
+  const int d = ceilLog2(p);
+  const double s = static_cast<double>(treeSegments(n / 2, d, 512 << 10)), seg = n / (2 * s);
+  const TreeCrossing c = treeCrossing(p, sh.local);
+  const double fill = 2 * (c.x * (ex.alpha + seg * ex.beta) + (d - c.x) * (in.alpha + seg * in.beta)) +
+                      2 * d * seg * ex.gamma;
+  // A step waits for the neighbours' messages of the step before: across hosts at least one latency.
+  const double link = std::max(sharedLinkSeconds(ex, seg, std::max(c.ends, 1)), 4 * seg * in.beta);
+  const double step = std::max(link, c.x > 0 ? ex.alpha + seg * ex.beta : 0.0) + seg * ex.gamma;
+  return fill + s * step;
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "tree", .fn = allreduceTree, .cost = treeCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllreduce, .name = "tree", .fn = allreduceTree, .cost = treeCost,
+                         .flat_hier_cost = treeHostsCost});
 
 }  // namespace harp

@@ -521,3 +521,24 @@ TEST(Select, ALegCostsWhatTheLegsOwnSelectorRuns) {
                    cost(CollType::kAllgather, "direct", 1024, 8, shortline));
   EXPECT_EQ(hier::legSeconds(CollType::kAllgather, 1024, 1, "tcp", longline), 0);
 }
+
+TEST(Select, ATreeAcrossHostsPaysItsBusiestHostLink) {
+  // allreduce tree on 8 hosts x 8 ranks, a VPC line (1.25 GB/s per flow, 3.125 GB/s per host):
+  // 22 of its 126 edges cross hosts, and the busiest host has 6 crossing edge ends carrying n/2
+  // each way, so its link moves 3n. The host-aware cost must charge that (a count of 1 per host,
+  // or the flat cost's every byte at one flow's rate, 2.2 x this, both fail).
+  const TransportParams in{31e-6, 1.25e-10, 3.33e-10, 30e-6};
+  TransportParams ex{80e-6, 8e-10, 3.33e-10, 30e-6};
+  ex.link_beta = 3.2e-10;
+  const Algorithm* tree = findAlgorithm(CollType::kAllreduce, "tree");
+  ASSERT_TRUE(tree && tree->flat_hier_cost);
+  const double n = 256.0 * (1 << 20);
+  const double t = tree->flat_hier_cost(n, HierShape{8, 8}, in, ex);
+  EXPECT_GE(t, 3 * n * ex.link_beta);
+  EXPECT_LE(t, 1.3 * 3 * n * ex.link_beta);
+  EXPECT_LT(t, 0.6 * tree->cost(n, 64, ex));
+  // A small message: 2 log2 p hops, of which those that cross hosts pay the host line's latency.
+  const double small = tree->flat_hier_cost(8, HierShape{8, 8}, in, ex);
+  EXPECT_GT(small, 2 * 3 * ex.alpha);
+  EXPECT_LT(small, tree->cost(8, 64, ex));
+}
