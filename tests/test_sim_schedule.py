@@ -293,3 +293,16 @@ def test_a_schedule_that_deadlocks_is_an_error_not_a_time(tmp_path):
     text = _ring_of_one_message(3).replace("V 1 1 8 0", "V 1 0 8 0")  # rank 2 waits on rank 0, which sends to 1
     with pytest.raises(RuntimeError, match=r"2 rank\(s\) never finished: 1 in iteration 1, 2 in iteration 1"):
         _replay_text(text, platforms.Spec(hosts=3), tmp_path)
+
+
+@pytest.mark.parametrize("n,want", [(8, 7 * 64), (4096, 7 * 4096), (N, 2 * 7 * N // 8)])
+def test_the_shm_transports_allreduce_is_traced_as_the_reads_it_makes(n, want):
+    """bench/sim/emit/trace_shm.cc: the table's `allreduce shm` row (rail's tail, leader's legs) is
+    replayable: tiny vectors read a cache line of each peer, small ones each peer's vector, larger
+    ones a slice of each peer's (reduce-scatter) and each peer's reduced slice (allgather)."""
+    s = schedule.emit("shm", 8, n, 1)
+    assert matched(s) and waited(s)
+    assert all(s.sent(r) == want for r in range(8)), [s.sent(r) for r in range(8)]
+    assert s.work(0, "reduce") == (7 * n if n <= 16384 else 7 * n // 8)
+    rail = schedule.emit("rail", 16, 8, 2)  # its 2 floats of tail take the intra allreduce: the shm row
+    assert matched(rail) and waited(rail)

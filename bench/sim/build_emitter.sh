@@ -40,6 +40,7 @@ algos=(
 src=(
   bench/sim/emit/main.cc bench/sim/emit/schedule.cc bench/sim/emit/trace_context.cc
   bench/sim/emit/trace_groups.cc bench/sim/emit/trace_kernels.cc bench/sim/emit/trace_memory.cc
+  bench/sim/emit/trace_shm.cc
   core/engine/scratch.cc core/compress/compress.cc core/algorithms/registry.cc
   core/select/select.cc core/select/tuning.cc core/select/cost.cc "$gen/tuning_data.cc"
   base/types.cc base/log.cc base/env.cc base/params.cc base/folder.cc base/stall.cc base/probe.cc
