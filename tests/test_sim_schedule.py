@@ -306,3 +306,26 @@ def test_the_shm_transports_allreduce_is_traced_as_the_reads_it_makes(n, want):
     assert s.work(0, "reduce") == (7 * n if n <= 16384 else 7 * n // 8)
     rail = schedule.emit("rail", 16, 8, 2)  # its 2 floats of tail take the intra allreduce: the shm row
     assert matched(rail) and waited(rail)
+
+
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_a_ranks_network_flow_does_not_share_its_memory_link(engine):
+    """Rank 0 sends 16 MB to its host's other rank (shm, 8 GB/s: 2 ms) and 8 MB to another host
+    (1.25 GB/s: 6.7 ms) at once. The network message leaves through the rank's own port, so it
+    takes 6.7 ms whatever the shm flow does; sharing the memory link (CM02 favours the 1 us shm
+    flow 50 to 1 over the 50 us network flow) made it 8.2 ms."""
+    import platforms  # noqa: PLC0415
+
+    text = ("# harp-schedule 1 coll=test algo=two p=4 bytes=8 hosts=2\n"
+            "R 0\nS 0 1 16777216 0\nS 1 2 8388608 0\nW 0 1\nR 1\nV 0 0 16777216 0\nW 0\n"
+            "R 2\nV 0 0 8388608 0\nW 0\nR 3\n")
+    spec = platforms.Spec(hosts=2, local=2, link_Bps=1.25e9, rtt_s=1e-4, send_overhead_s=0, shm_Bps=8e9)
+    code = ("import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
+            f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})\n"
+            f"print(replay.simulate(schedule.parse({text!r}), spec, engine={engine!r}))\n")
+    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    t = float(out.stdout.split()[-1])
+    want = 8388608 / 1.25e9 + 5e-5
+    assert want <= t * (1 + 1e-6) and t < want * 1.02, (t, want)

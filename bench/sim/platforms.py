@@ -3,7 +3,8 @@
 A platform is hosts x ranks per host. Every rank is a SimGrid host (one core
 whose speed is 1 "flop" per byte: local work is executed as bytes / rate, see
 replay.py). Ranks of one host reach each other over their own split-duplex
-memory links (shm bandwidth, shm latency); ranks of different hosts go up the
+memory links (shm bandwidth, shm latency); ranks of different hosts leave
+through their own ports (no limit; half the shm latency each) and go up the
 sender host's NIC (split-duplex: each direction its own capacity), through a
 per-flow cap (a FATPIPE link: every flow gets at most the cap, flows do not
 share it) and down the receiver host's NIC. The NIC links carry half of the
@@ -57,11 +58,15 @@ class Spec:
         return replace(self, **kw)
 
 
+PORT_BPS = 1e13  # a rank's port to its host's router: no limit of its own
+
+
 def build(engine, spec: Spec) -> list:
     """Creates the platform in `engine`; returns the rank hosts, by rank.
 
-    Star zones (O(p) routes, not O(p^2)): the root zone is a star of hosts,
-    each host's zone a star of its ranks behind a router.
+    The root zone is a star of hosts (O(hosts) routes); each host's zone routes
+    every pair of its ranks over their memory links and each rank to the host's
+    router over a port of its own (O(local^2) routes per host).
     """
     from simgrid import Link, LinkInRoute, NetZone  # noqa: PLC0415  (system python3-simgrid)
 
@@ -77,16 +82,28 @@ def build(engine, spec: Spec) -> list:
         cap.seal()
     ranks = []
     for h in range(spec.hosts):
-        zone = NetZone.create_star_zone(f"host{h}")
+        # Each rank: a memory link for the host's shm traffic and a port to the host's router for
+        # its network traffic, so that the two never share a link (CM02 shares a link in inverse
+        # proportion to each flow's latency: a 50 us network flow beside 1 us shm flows got a
+        # fiftieth of the rank's memory link). A full zone: routes per pair of the host's ranks.
+        zone = NetZone.create_full_zone(f"host{h}")
         zone.set_parent(root)
         gw = zone.create_router(f"gw{h}")
+        hosts, mems = [], []
         for i in range(spec.local):
             r = h * spec.local + i
             host = zone.create_host(f"r{r}", 1.0).seal()
-            mem = zone.create_split_duplex_link(f"mem{r}", spec.shm_Bps).set_latency(spec.shm_lat_s / 2).seal()
-            zone.add_route(host.netpoint, None, None, None, [LinkInRoute(mem, up)], False)
-            zone.add_route(None, host.netpoint, None, None, [LinkInRoute(mem, down)], False)
+            mems.append(zone.create_split_duplex_link(f"mem{r}", spec.shm_Bps).set_latency(spec.shm_lat_s / 2).seal())
+            port = zone.create_split_duplex_link(f"port{r}", PORT_BPS).set_latency(spec.shm_lat_s / 2).seal()
+            zone.add_route(host.netpoint, gw, None, None, [LinkInRoute(port, up)], False)
+            zone.add_route(gw, host.netpoint, None, None, [LinkInRoute(port, down)], False)
+            hosts.append(host)
             ranks.append(host)
+        for i in range(spec.local):
+            for j in range(spec.local):
+                if i != j:
+                    zone.add_route(hosts[i].netpoint, hosts[j].netpoint, None, None,
+                                   [LinkInRoute(mems[i], up), LinkInRoute(mems[j], down)], False)
         zone.seal()
         nic = root.create_split_duplex_link(f"nic{h}", spec.nic_Bps).set_latency(spec.rtt_s / 4).seal()
         extra = [LinkInRoute(cap)] if cap is not None else []

@@ -261,6 +261,8 @@ Schedule parseSchedule(std::istream& in, double reduce_Bps) {
 // not matter: then min(tcp_window_B, that) is used, as both limits hold.
 bool g_window_cap = true;  // --fatpipe-cap: platforms.py's link instead (comparison)
 bool g_conn_serial = true;  // --per-message-cap: off
+bool g_port_links = true;   // --shared-mem-link: off
+constexpr double kPortBps = 1e13;  // a rank's port to its host's router: no limit of its own
 bool windowCap(const Spec& sp) { return g_window_cap && sp.flow_cap_Bps > 0; }
 double tcpWindow(const Spec& sp) {
   if (!windowCap(sp)) return sp.tcp_window_B;
@@ -278,26 +280,60 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
   }
   std::vector<sg4::Host*> ranks;
   ranks.reserve(sp.ranks());
-  for (int h = 0; h < sp.hosts; ++h) {
-    auto* zone = sg4::create_star_zone("host" + std::to_string(h));
-    zone->set_parent(root);
-    auto* gw = zone->create_router("gw" + std::to_string(h));
-    for (int i = 0; i < sp.local; ++i) {
-      const int r = h * sp.local + i;
-      auto* host = zone->create_host("r" + std::to_string(r), 1.0)->seal();
-      auto* mem = zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2);
-      mem->seal();
-      zone->add_route(host->get_netpoint(), nullptr, nullptr, nullptr, {LR(mem, LR::Direction::UP)}, false);
-      zone->add_route(nullptr, host->get_netpoint(), nullptr, nullptr, {LR(mem, LR::Direction::DOWN)}, false);
-      ranks.push_back(host);
-    }
-    zone->seal();
+  // The host's NIC between its zone and the root (split duplex, RTT/4 each way).
+  auto hostZone = [&](int h, sg4::NetZone* zone, simgrid::kernel::routing::NetPoint* gw) {
     auto* nic = root->create_split_duplex_link("nic" + std::to_string(h), sp.nic_Bps())->set_latency(sp.rtt_s / 4);
     nic->seal();
     std::vector<LR> up = {LR(nic, LR::Direction::UP)};
     if (cap) up.emplace_back(cap);
     root->add_route(zone->get_netpoint(), nullptr, gw, nullptr, up, false);
     root->add_route(nullptr, zone->get_netpoint(), nullptr, gw, {LR(nic, LR::Direction::DOWN)}, false);
+  };
+  for (int h = 0; h < sp.hosts; ++h) {
+    if (!g_port_links) {  // --shared-mem-link: a star; a rank's network flows cross its memory link too
+      auto* zone = sg4::create_star_zone("host" + std::to_string(h));
+      zone->set_parent(root);
+      auto* gw = zone->create_router("gw" + std::to_string(h));
+      for (int i = 0; i < sp.local; ++i) {
+        const int r = h * sp.local + i;
+        auto* host = zone->create_host("r" + std::to_string(r), 1.0)->seal();
+        auto* mem = zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2);
+        mem->seal();
+        zone->add_route(host->get_netpoint(), nullptr, nullptr, nullptr, {LR(mem, LR::Direction::UP)}, false);
+        zone->add_route(nullptr, host->get_netpoint(), nullptr, nullptr, {LR(mem, LR::Direction::DOWN)}, false);
+        ranks.push_back(host);
+      }
+      zone->seal();
+      hostZone(h, zone, gw);
+      continue;
+    }
+    // Each rank: a memory link for the host's shm traffic and a port to the host's router
+    // for its network traffic, so that the two do not share a link (CM02 shares a link in
+    // inverse proportion to each flow's latency: a 50 us network flow beside 1 us shm flows
+    // got a fiftieth of a rank's memory link).
+    auto* zone = sg4::create_full_zone("host" + std::to_string(h));
+    zone->set_parent(root);
+    auto* gw = zone->create_router("gw" + std::to_string(h));
+    std::vector<sg4::Host*> mine;
+    std::vector<sg4::Link*> mems;
+    for (int i = 0; i < sp.local; ++i) {
+      const int r = h * sp.local + i;
+      mine.push_back(zone->create_host("r" + std::to_string(r), 1.0)->seal());
+      mems.push_back(zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2));
+      mems.back()->seal();
+      auto* port = zone->create_split_duplex_link("port" + std::to_string(r), kPortBps)->set_latency(sp.shm_lat_s / 2);
+      port->seal();
+      zone->add_route(mine.back()->get_netpoint(), gw, nullptr, nullptr, {LR(port, LR::Direction::UP)}, false);
+      zone->add_route(gw, mine.back()->get_netpoint(), nullptr, nullptr, {LR(port, LR::Direction::DOWN)}, false);
+      ranks.push_back(mine.back());
+    }
+    for (int i = 0; i < sp.local; ++i)
+      for (int j = 0; j < sp.local; ++j)
+        if (i != j)
+          zone->add_route(mine[i]->get_netpoint(), mine[j]->get_netpoint(), nullptr, nullptr,
+                          {LR(mems[i], LR::Direction::UP), LR(mems[j], LR::Direction::DOWN)}, false);
+    zone->seal();
+    hostZone(h, zone, gw);
   }
   if (sp.cores > 0) root->create_host("cpu", 1.0)->set_core_count(sp.cores)->seal();
   root->seal();
@@ -557,6 +593,7 @@ int main(int argc, char** argv) {
     else if (a == "--cfg") extra_cfg.push_back("--cfg=" + value());
     else if (a == "--fatpipe-cap") g_window_cap = false;
     else if (a == "--per-message-cap") g_conn_serial = false;
+    else if (a == "--shared-mem-link") g_port_links = false;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [--fatpipe-cap] [--per-message-cap] [SCHEDULE|-]\n");
       return 0;
