@@ -50,6 +50,17 @@ inline double burstLatency(const TransportParams& t, int msgs) {
   return msgs <= 0 ? 0 : t.alpha + (msgs - 1) * messageOverhead(t);
 }
 
+// Seconds until `msgs` messages posted together have arrived, where one takes `one_s` to
+// transfer and all of them `all_s` through the busiest link: each moves as soon as it is
+// posted, so the posting (each further message's overhead) and the transfers overlap:
+// one latency, then the later of the last message's post plus its own transfer, and all of
+// them through the link.
+inline double burstSeconds(const TransportParams& t, int msgs, double one_s, double all_s) {
+  if (msgs <= 0) return 0;
+  const double posted = (msgs - 1) * messageOverhead(t) + one_s;
+  return t.alpha + (posted > all_s ? posted : all_s);
+}
+
 // Predicted seconds for n bytes (as in the tuning table: count x element size,
 // per rank where the collective is per rank) on p ranks.
 using CostFn = double (*)(double n, int p, const TransportParams& t);

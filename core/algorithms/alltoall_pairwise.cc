@@ -2,10 +2,11 @@
 // and a send to every other rank (in order r+1, r+2, ... so that no single
 // rank is hit by everyone first), copies its own block locally, and waits.
 // In-place (sendbuf == recvbuf) stages the input in scratch first.
-// Cost: alpha + (p-2)·o + (p-1)·count·beta per rank, o the per-message overhead
-// (TransportParams::overhead): the p-1 messages are posted at once, so their
-// latencies overlap and each further one adds only its software cost (on a
-// loopback line o = alpha, which gives (p-1)·alpha).
+// Cost: alpha + max((p-2)·o + count·beta, (p-1)·count·beta) per rank, o the
+// per-message overhead (TransportParams::overhead): the p-1 messages are posted
+// at once, so their latencies overlap, each further one adds only its software
+// cost (on a loopback line o = alpha, which gives (p-1)·alpha), and each moves
+// while the next is posted (burstSeconds).
 #include <algorithm>
 #include <vector>
 
@@ -65,13 +66,14 @@ void alltoallvPairwise(Context& ctx) {
 }
 
 namespace {
-double pairwiseCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
+double pairwiseCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, (p - 1) * n * t.beta); }
 
 // On H hosts of L consecutive ranks every block to another host crosses its uplink once, all
 // L ranks' at once: L·(p-L)·n there, (L-1)·n inside the host.
 double pairwiseHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const double L = s.local, p = s.hosts * L;
-  return burstLatency(ex, static_cast<int>(p) - 1) + std::max(sharedLinkSeconds(ex, (p - L) * n, L), (L - 1) * n * in.beta);
+  return burstSeconds(ex, static_cast<int>(p) - 1, n * ex.beta,
+                      std::max(sharedLinkSeconds(ex, (p - L) * n, L), (L - 1) * n * in.beta));
 }
 }  // namespace
 

@@ -1,8 +1,9 @@
 // Scatter, linear: the root sends block q of its input to rank q (all sends
 // posted at once); every other rank receives one block.
 // Any p, any root; sendbuf is only used on the root.
-// Cost: alpha + (p-2)·o + (p-1)·n·beta at the root (o: per-message overhead,
-// TransportParams::overhead; the sends are posted at once, so latencies overlap).
+// Cost: alpha + max((p-2)·o + n·beta, (p-1)·n·beta) at the root (o: per-message
+// overhead, TransportParams::overhead; the sends are posted at once, so latencies
+// overlap, and each moves while the next is posted: burstSeconds).
 // Descriptor check: as a rooted collective it also runs the communicator's
 // exact descriptor check (Communicator::runCollective): p-1 messages of 24
 // bytes per rank alongside the data, one extra latency for ranks that only
@@ -31,7 +32,7 @@ void scatterLinear(Context& ctx) {
 }
 
 namespace {
-double linearCost(double n, int p, const TransportParams& t) { return burstLatency(t, p - 1) + (p - 1) * n * t.beta; }
+double linearCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, (p - 1) * n * t.beta); }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost,
