@@ -12,7 +12,8 @@ Sources (each the median over its repetitions of the slowest rank's time), in re
   tuner-tree2-6hosts-rtt1ms.json     6 hosts, RTT 1 ms, today's tree
   allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's own choice (auto), which
         the tuning table then made rd < 16K, hd 16K-2M, ring >= 2M
-and results/sim/arena-*.json: tuner_bench.py runs made for the calibration (2 and 8 hosts).
+and results/sim/arena-*.json: tuner_bench.py runs made for the calibration (2 and 8 hosts, a quiet
+machine, 2026-12-06). A point measured twice counts once: the later run's.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ def auto_algo(nbytes: int) -> str:
 
 
 def _median(runs: list, size: str) -> float:
-    return statistics.median(r[size] for r in runs if size in r)
+    """Median over the repetitions' figures (tuner_bench.py since 87cdaff keeps each repetition's
+    timed loops, in place and out of place, as a list)."""
+    vals = []
+    for r in runs:
+        if size in r:
+            vals += r[size] if isinstance(r[size], list) else [r[size]]
+    return statistics.median(vals)
 
 
 def _tuner(path: Path, algos: tuple = FORCED) -> list:
@@ -69,11 +76,20 @@ def _quiet(path: Path) -> list:
     return out
 
 
+def _stamp(path: Path) -> str:
+    d = json.loads(path.read_text())
+    return (d.get("stamp_before") or {}).get("time", "")
+
+
 def points() -> list:
+    """Every source's points; where two measured the same point (hosts, RTT, algorithm, size),
+    the later run's (a rerun supersedes: the sources are read oldest first)."""
     res = ROOT / "results/arena"
-    pts = _tuner(res / "tuner-rtt-quiet.json") + _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
+    pts = _tuner(res / "tuner-tree-6hosts-rtt1ms.json", FORCED[:3])
     pts += _tuner(res / "tuner-tree2-6hosts-rtt1ms.json", ("tree",))
     pts += _quiet(res / "allreduce-4-8hosts-quiet-4c2902b.json")
-    for f in sorted((ROOT / "results/sim").glob("arena-*.json")):
+    pts += _tuner(res / "tuner-rtt-quiet.json")
+    for f in sorted((ROOT / "results/sim").glob("arena-*.json"), key=_stamp):
         pts += _tuner(f)
-    return [p for p in pts if p.rtt_us in (0.0, 1000.0)]
+    latest = {(p.hosts, p.rtt_us, p.algo, p.nbytes): p for p in pts}
+    return [p for p in latest.values() if p.rtt_us in (0.0, 1000.0)]
