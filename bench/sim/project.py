@@ -200,6 +200,25 @@ def check(cells: list, picks: dict) -> list:
     return rows
 
 
+def model_table(cells: list, picks: dict) -> list:
+    """Replayed time over the model's prediction (the selector's cost of that algorithm at that
+    point), per collective and algorithm: min / median / max over the replayed points."""
+    ratios = {}
+    for c in cells:
+        pk = picks.get((c["platform"], c["coll"], c["p"], c["size"]))
+        model = pk["model_s"].get(c["algo"]) if pk else None
+        if "us" in c and model and not c.get("extrapolated"):
+            ratios.setdefault((c["coll"], c["algo"]), []).append(c["us"] / (model * 1e6))
+    out = ["## Replayed / predicted", "",
+           "Each replayed cell's time over the selector's own cost of that algorithm there (what the tuner "
+           "compares); 1.00: the model is exact. min / median / max over the replayed points.", "",
+           "| collective | algorithm | points | min | median | max |", "|---|---|---:|---:|---:|---:|"]
+    for (coll, algo), v in sorted(ratios.items(), key=lambda kv: (list(ALGOS).index(kv[0][0]), kv[0][1])):
+        v.sort()
+        out.append(f"| {coll} | {algo} | {len(v)} | {v[0]:.2f} | {v[len(v) // 2]:.2f} | {v[-1]:.2f} |")
+    return out + [""]
+
+
 def picks_table(extra: dict) -> list:
     """The selector's picks at rank counts without replays: pick and the model's prediction."""
     if not extra:
@@ -360,7 +379,8 @@ def main() -> None:
     extra = {(name, coll, p, n): tuner_pick(cal_files[name], coll, p, block_bytes(coll, p, n))
              for name in VPCS for coll in colls for p in (64, 128, 256, 512, 1024) for n in SIZES
              if (name, coll, p, n) not in picks}
-    Path(a.out).write_text(markdown(cells, rows, o_send, command) + "\n" + "\n".join(picks_table(extra)) + "\n")
+    Path(a.out).write_text(markdown(cells, rows, o_send, command) + "\n" + "\n".join(model_table(cells, picks)) +
+                           "\n" + "\n".join(picks_table(extra)) + "\n")
     plot(cells, Path(a.out).with_suffix(".png"))
     Path(a.json).write_text(json.dumps({"command": command, "send_overhead_s": o_send, "cells": cells,
                                         "check": rows, "picks_not_replayed": [
