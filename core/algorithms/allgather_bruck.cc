@@ -67,14 +67,17 @@ double bruckCost(double n, int p, const TransportParams& t) {
 
 // Across H hosts of L block-placed ranks (powers of two): the steps with
 // distance d >= L carry (p-L)·n per rank with every rank of a host sending at
-// once (L·(p-L)·n on its uplink); those with d < L mostly stay inside it
-// (a share d/L of them crosses; counted as inside):
-//   log2(L)·a_i + (L-1)·n·b_i + log2(H)·a_e + L·(p-L)·n·b_e + p·n·gamma
+// once (L·(p-L)·n on its uplink); those with d < L mostly stay inside it (a
+// share d/L of their bytes crosses; counted as inside). Every step's latency is
+// the host line's: the d ranks at the top of each host send across, and the
+// next step waits for them (at 256 ranks, 8 B, 1 ms: 8 host latencies replayed,
+// where log2(L) shm ones and log2(H) host ones predicted 0.64 x that):
+//   log2(p)·a_e + (L-1)·n·b_i + L·(p-L)·n·b_e + p·n·gamma
 double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const int H = s.hosts, L = s.local, p = H * L;
   if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
-  return ceilLog2(L) * in.alpha + (L - 1) * n * in.beta + ceilLog2(H) * ex.alpha +
-         sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) + p * n * ex.gamma;
+  return ceilLog2(p) * ex.alpha + (L - 1) * n * in.beta + sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) +
+         p * n * ex.gamma;
 }
 }  // namespace
 

@@ -71,12 +71,14 @@ double bruckCost(double n, int p, const TransportParams& t) {
 
 // Across H hosts of L block-placed ranks (powers of two): the allgather's
 // host cost (allgather_bruck.cc) run backwards, plus the reductions:
-//   log2(H)·a_e + L·(p-L)·n·b_e + log2(L)·a_i + (L-1)·n·b_i + (2p-1)·n·gamma
+//   log2(p)·a_e + L·(p-L)·n·b_e + (L-1)·n·b_i + (2p-1)·n·gamma
+// (every step's latency is the host line's: the ranks at each host's edge send
+// across, and the next step waits for them; allgather_bruck.cc)
 double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const int H = s.hosts, L = s.local, p = H * L;
   if (floorPow2(H) != H || floorPow2(L) != L) return bruckCost(n, p, ex);
-  return ceilLog2(H) * ex.alpha + sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) + ceilLog2(L) * in.alpha +
-         (L - 1) * n * in.beta + (2.0 * p - 1) * n * ex.gamma;
+  return ceilLog2(p) * ex.alpha + sharedLinkSeconds(ex, static_cast<double>(p - L) * n, L) + (L - 1) * n * in.beta +
+         (2.0 * p - 1) * n * ex.gamma;
 }
 }  // namespace
 
