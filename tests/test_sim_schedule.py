@@ -172,17 +172,22 @@ needs_both = pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not _ha
                                 reason="needs python3-simgrid and libsimgrid-dev (scripts/install-deps.sh --sim)")
 
 
+def _in_system_python(lines, timeout=300):
+    """Runs `lines` (after importing bench/sim's platforms, replay and schedule) in the system
+    python3, where SimGrid's bindings live; the floats its last printed line holds."""
+    code = "import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n" + "\n".join(lines) + "\n"
+    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [float(x) for x in out.stdout.splitlines()[-1].split()]
+
+
 @needs_both
 @pytest.mark.parametrize("engine", ["python", "cpp"])
 def test_replay_on_an_ideal_network_takes_bytes_over_rate(engine):
-    code = (
-        "import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
-        f"s = schedule.emit('ring', 4, {16 * N}, 4)\n"
-        "spec = platforms.Spec(hosts=4, link_Bps=1e8, rtt_s=0, shm_lat_s=0, reduce_Bps=1e15, send_overhead_s=0)\n"
-        f"print(replay.simulate(s, spec, engine={engine!r}))\n")
-    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    t = float(out.stdout.split()[-1])
+    (t,) = _in_system_python([
+        f"s = schedule.emit('ring', 4, {16 * N}, 4)",
+        "spec = platforms.Spec(hosts=4, link_Bps=1e8, rtt_s=0, shm_lat_s=0, reduce_Bps=1e15, send_overhead_s=0)",
+        f"print(replay.simulate(s, spec, engine={engine!r}))"])
     ideal = 2 * 3 / 4 * 16 * N / 1e8  # each rank's uplink carries 2(p-1)/p n bytes
     assert ideal <= t * (1 + 1e-6) and t < ideal * 1.05, (t, ideal)
 
@@ -203,19 +208,15 @@ def test_one_connections_messages_share_its_flow_cap(engine):
     """One TCP stream per pair: two messages in flight together on one connection take the per-flow
     cap once between them (2 n / cap), on two connections once each (n / cap); the NIC is 4 x the cap."""
     import platforms  # noqa: PLC0415
-    import replay  # noqa: PLC0415
 
     cap = 1.25e8
     spec = platforms.Spec(hosts=2, link_Bps=4 * cap, flow_cap_Bps=cap, rtt_s=1e-4, shm_lat_s=0, reduce_Bps=1e15,
                           send_overhead_s=0)
     same, other = _two_sends((0, 0))[0].text, _two_sends((0, 1))[0].text
-    code = ("import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
-            f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})\n"
-            f"print(replay.simulate(schedule.parse({same!r}), spec, engine={engine!r}), "
-            f"replay.simulate(schedule.parse({other!r}), spec, engine={engine!r}))\n")
-    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    one, two = map(float, out.stdout.split())
+    one, two = _in_system_python([
+        f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})",
+        f"print(replay.simulate(schedule.parse({same!r}), spec, engine={engine!r}), "
+        f"replay.simulate(schedule.parse({other!r}), spec, engine={engine!r}))"])
     n = _two_sends((0,))[1]
     assert 2 * n / cap <= one * (1 + 1e-6) and one < 2 * n / cap * 1.02 + 1e-3, (one, 2 * n / cap)
     assert n / cap <= two * (1 + 1e-6) and two < n / cap * 1.02 + 1e-3, (two, n / cap)
@@ -244,15 +245,11 @@ AGREE = [
 def test_cpp_replayer_agrees_with_the_python_reference(algo, p, n, hosts, spec, its):
     """harp_replay (C++ S4U) against replay.py (Python bindings) on identical schedules and platforms: the
     same model, so the same time (the per-flow cap is a FATPIPE link in Python, a flow bound in C++)."""
-    code = (
-        "import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
-        f"s = schedule.emit({algo!r}, {p}, {n}, {hosts})\n"
-        f"spec = platforms.Spec(**{spec!r})\n"
+    py, cpp = _in_system_python([
+        f"s = schedule.emit({algo!r}, {p}, {n}, {hosts})",
+        f"spec = platforms.Spec(**{spec!r})",
         f"print(replay.simulate(s, spec, iterations={its}, engine='python'), "
-        f"replay.simulate(s, spec, iterations={its}, engine='cpp'))\n")
-    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    py, cpp = map(float, out.stdout.split())
+        f"replay.simulate(s, spec, iterations={its}, engine='cpp'))"], timeout=600)
     assert abs(cpp / py - 1) < 1e-6, (py, cpp)
 
 
@@ -321,11 +318,7 @@ def test_a_ranks_network_flow_does_not_share_its_memory_link(engine):
             "R 0\nS 0 1 16777216 0\nS 1 2 8388608 0\nW 0 1\nR 1\nV 0 0 16777216 0\nW 0\n"
             "R 2\nV 0 0 8388608 0\nW 0\nR 3\n")
     spec = platforms.Spec(hosts=2, local=2, link_Bps=1.25e9, rtt_s=1e-4, send_overhead_s=0, shm_Bps=8e9)
-    code = ("import sys; sys.path.insert(0, 'bench/sim'); import platforms, replay, schedule\n"
-            f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})\n"
-            f"print(replay.simulate(schedule.parse({text!r}), spec, engine={engine!r}))\n")
-    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    t = float(out.stdout.split()[-1])
+    (t,) = _in_system_python([f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})",
+                              f"print(replay.simulate(schedule.parse({text!r}), spec, engine={engine!r}))"])
     want = 8388608 / 1.25e9 + 5e-5
     assert want <= t * (1 + 1e-6) and t < want * 1.02, (t, want)
