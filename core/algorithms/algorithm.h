@@ -57,8 +57,8 @@ inline double burstLatency(const TransportParams& t, int msgs) {
 // them through the link.
 inline double burstSeconds(const TransportParams& t, int msgs, double one_s, double all_s) {
   if (msgs <= 0) return 0;
-  const double posted = (msgs - 1) * messageOverhead(t) + one_s;
-  return t.alpha + (posted > all_s ? posted : all_s);
+  const double posted = burstLatency(t, msgs) + one_s, through = t.alpha + all_s;
+  return posted > through ? posted : through;
 }
 
 // Predicted seconds for n bytes (as in the tuning table: count x element size,

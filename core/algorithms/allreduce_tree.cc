@@ -44,6 +44,8 @@
 // at 64-128 ranks of 8 per host it was 2-2.5 x the replayed times.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "base/reduce.h"
@@ -218,7 +220,7 @@ double treeCost(double n, int p, const TransportParams& t) {
 struct TreeCrossing {
   int x = 0, ends = 0;
 };
-TreeCrossing treeCrossing(int p, int L) {
+TreeCrossing countCrossing(int p, int L) {
   TreeCrossing out;
   std::vector<int> ends(static_cast<size_t>((p + L - 1) / L), 0);
   for (int t = 0; t < 2; ++t) {
@@ -238,6 +240,15 @@ TreeCrossing treeCrossing(int p, int L) {
   }
   for (int e : ends) out.ends = std::max(out.ends, e);
   return out;
+}
+
+// countCrossing walks both trees (O(p log p)); the selector prices the tree at every new size of
+// a call, so each thread keeps the shapes it has counted (a process sees a few).
+TreeCrossing treeCrossing(int p, int L) {
+  thread_local std::map<std::pair<int, int>, TreeCrossing> seen;
+  auto [it, fresh] = seen.try_emplace({p, L});
+  if (fresh) it->second = countCrossing(p, L);
+  return it->second;
 }
 
 double treeHostsCost(double n, const HierShape& sh, const TransportParams& in, const TransportParams& ex) {
