@@ -44,7 +44,7 @@
 // Usage:
 //   harp_replay --spec hosts=8,local=8,link_Bps=3.125e9,rtt_s=1e-3,...
 //               [--iterations N] [--factory raw|ucontext|thread]
-//               [--fatpipe-cap] [--per-message-cap] [SCHEDULE|-]
+//               [--fatpipe-cap] [--per-message-cap] [--shared-mem-link] [SCHEDULE|-]
 // Prints "sim-seconds S", "messages M", "wall-seconds W" (the replay's own
 // run time). Spec keys are platforms.Spec's fields; unknown keys, malformed
 // numbers and schedules that do not parse are errors naming the culprit.
@@ -280,38 +280,14 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
   }
   std::vector<sg4::Host*> ranks;
   ranks.reserve(sp.ranks());
-  // The host's NIC between its zone and the root (split duplex, RTT/4 each way).
-  auto hostZone = [&](int h, sg4::NetZone* zone, simgrid::kernel::routing::NetPoint* gw) {
-    auto* nic = root->create_split_duplex_link("nic" + std::to_string(h), sp.nic_Bps())->set_latency(sp.rtt_s / 4);
-    nic->seal();
-    std::vector<LR> up = {LR(nic, LR::Direction::UP)};
-    if (cap) up.emplace_back(cap);
-    root->add_route(zone->get_netpoint(), nullptr, gw, nullptr, up, false);
-    root->add_route(nullptr, zone->get_netpoint(), nullptr, gw, {LR(nic, LR::Direction::DOWN)}, false);
-  };
+  // Each rank: a memory link for the host's shm traffic and a port to the host's router for
+  // its network traffic, so that the two do not share a link (CM02 shares a link in inverse
+  // proportion to each flow's latency: a 50 us network flow beside 1 us shm flows got a
+  // fiftieth of a rank's memory link); a full zone then routes each pair of the host's ranks.
+  // --shared-mem-link: a star, where a rank's network flows cross its memory link too.
   for (int h = 0; h < sp.hosts; ++h) {
-    if (!g_port_links) {  // --shared-mem-link: a star; a rank's network flows cross its memory link too
-      auto* zone = sg4::create_star_zone("host" + std::to_string(h));
-      zone->set_parent(root);
-      auto* gw = zone->create_router("gw" + std::to_string(h));
-      for (int i = 0; i < sp.local; ++i) {
-        const int r = h * sp.local + i;
-        auto* host = zone->create_host("r" + std::to_string(r), 1.0)->seal();
-        auto* mem = zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2);
-        mem->seal();
-        zone->add_route(host->get_netpoint(), nullptr, nullptr, nullptr, {LR(mem, LR::Direction::UP)}, false);
-        zone->add_route(nullptr, host->get_netpoint(), nullptr, nullptr, {LR(mem, LR::Direction::DOWN)}, false);
-        ranks.push_back(host);
-      }
-      zone->seal();
-      hostZone(h, zone, gw);
-      continue;
-    }
-    // Each rank: a memory link for the host's shm traffic and a port to the host's router
-    // for its network traffic, so that the two do not share a link (CM02 shares a link in
-    // inverse proportion to each flow's latency: a 50 us network flow beside 1 us shm flows
-    // got a fiftieth of a rank's memory link).
-    auto* zone = sg4::create_full_zone("host" + std::to_string(h));
+    auto* zone = g_port_links ? sg4::create_full_zone("host" + std::to_string(h))
+                              : sg4::create_star_zone("host" + std::to_string(h));
     zone->set_parent(root);
     auto* gw = zone->create_router("gw" + std::to_string(h));
     std::vector<sg4::Host*> mine;
@@ -321,19 +297,31 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
       mine.push_back(zone->create_host("r" + std::to_string(r), 1.0)->seal());
       mems.push_back(zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2));
       mems.back()->seal();
+      auto* np = mine.back()->get_netpoint();
+      if (!g_port_links) {
+        zone->add_route(np, nullptr, nullptr, nullptr, {LR(mems.back(), LR::Direction::UP)}, false);
+        zone->add_route(nullptr, np, nullptr, nullptr, {LR(mems.back(), LR::Direction::DOWN)}, false);
+        continue;
+      }
       auto* port = zone->create_split_duplex_link("port" + std::to_string(r), kPortBps)->set_latency(sp.shm_lat_s / 2);
       port->seal();
-      zone->add_route(mine.back()->get_netpoint(), gw, nullptr, nullptr, {LR(port, LR::Direction::UP)}, false);
-      zone->add_route(gw, mine.back()->get_netpoint(), nullptr, nullptr, {LR(port, LR::Direction::DOWN)}, false);
-      ranks.push_back(mine.back());
+      zone->add_route(np, gw, nullptr, nullptr, {LR(port, LR::Direction::UP)}, false);
+      zone->add_route(gw, np, nullptr, nullptr, {LR(port, LR::Direction::DOWN)}, false);
     }
-    for (int i = 0; i < sp.local; ++i)
+    for (int i = 0; g_port_links && i < sp.local; ++i)
       for (int j = 0; j < sp.local; ++j)
         if (i != j)
           zone->add_route(mine[i]->get_netpoint(), mine[j]->get_netpoint(), nullptr, nullptr,
                           {LR(mems[i], LR::Direction::UP), LR(mems[j], LR::Direction::DOWN)}, false);
     zone->seal();
-    hostZone(h, zone, gw);
+    ranks.insert(ranks.end(), mine.begin(), mine.end());
+    // The host's NIC between its zone and the root (split duplex, RTT/4 each way).
+    auto* nic = root->create_split_duplex_link("nic" + std::to_string(h), sp.nic_Bps())->set_latency(sp.rtt_s / 4);
+    nic->seal();
+    std::vector<LR> up = {LR(nic, LR::Direction::UP)};
+    if (cap) up.emplace_back(cap);
+    root->add_route(zone->get_netpoint(), nullptr, gw, nullptr, up, false);
+    root->add_route(nullptr, zone->get_netpoint(), nullptr, gw, {LR(nic, LR::Direction::DOWN)}, false);
   }
   if (sp.cores > 0) root->create_host("cpu", 1.0)->set_core_count(sp.cores)->seal();
   root->seal();
@@ -501,12 +489,13 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         }
         const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
         const bool inter = r / sp.local != o.peer / sp.local;
+        const bool serial = g_conn_serial && sp.flow_cap_Bps > 0 && inter;  // one stream per connection
         double hold = sp.burst_B > 0 && inter ? sim->shaped(r, o.peer, o.bytes) : 0;
-        if (g_conn_serial && sp.flow_cap_Bps > 0 && inter) hold = sim->serialised(o.mb, bytes, hold);
+        if (serial) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
         q.live = true;
-        if (hold > 0 && g_conn_serial && sp.flow_cap_Bps > 0) {
+        if (hold > 0 && serial) {
           defer(sim, r, st, o, bytes, hold);
         } else if (hold > 0) {
           sg4::Mailbox* mb = o.mb;
@@ -595,7 +584,7 @@ int main(int argc, char** argv) {
     else if (a == "--per-message-cap") g_conn_serial = false;
     else if (a == "--shared-mem-link") g_port_links = false;
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [--fatpipe-cap] [--per-message-cap] [SCHEDULE|-]\n");
+      std::printf("usage: harp_replay --spec k=v,... [--iterations N] [--factory raw|ucontext|thread] [--fatpipe-cap] [--per-message-cap] [--shared-mem-link] [SCHEDULE|-]\n");
       return 0;
     } else if (!a.empty() && a[0] == '-' && a != "-") fail("unknown option " + a);
     else path = a;
