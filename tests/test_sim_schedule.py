@@ -307,6 +307,31 @@ def test_the_shm_transports_allreduce_is_traced_as_the_reads_it_makes(n, want):
 
 @needs_both
 @pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_shm_receiver_copies_so_concurrent_sends_do_not_share_the_senders_rate(engine):
+    """HARP's shm receiver copies (out of the ring, or from the sender's memory by
+    process_vm_readv): rank 0 sending 16 MB to each of its three host-mates at once (a binomial
+    broadcast's root) takes one message's time, 2 ms at 8 GB/s, not three's; rank 0 receiving
+    16 MB from each of them at once (a gather's root) takes three's, 6 ms."""
+    import platforms  # noqa: PLC0415
+
+    n = 16777216
+    sends = ("# harp-schedule 1 coll=test algo=fan p=4 bytes=8 hosts=1\n"
+             f"R 0\nS 0 1 {n} 0\nS 1 2 {n} 0\nS 2 3 {n} 0\nW 0 1 2\n" +
+             "".join(f"R {r}\nV 0 0 {n} 0\nW 0\n" for r in (1, 2, 3)))
+    recvs = ("# harp-schedule 1 coll=test algo=fan p=4 bytes=8 hosts=1\n"
+             f"R 0\nV 0 1 {n} 0\nV 1 2 {n} 0\nV 2 3 {n} 0\nW 0 1 2\n" +
+             "".join(f"R {r}\nS 0 0 {n} 0\nW 0\n" for r in (1, 2, 3)))
+    spec = platforms.Spec(hosts=1, local=4, send_overhead_s=0, shm_Bps=8e9, shm_lat_s=1e-6)
+    t_send, t_recv = _in_system_python([
+        f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})",
+        f"print(*(replay.simulate(schedule.parse(t), spec, engine={engine!r}) for t in {(sends, recvs)!r}))"])
+    one = n / 8e9 + 1e-6
+    assert one <= t_send * (1 + 1e-6) and t_send < one * 1.02, (t_send, one)
+    assert 3 * n / 8e9 <= t_recv * (1 + 1e-6) and t_recv < 3 * n / 8e9 * 1.02, t_recv
+
+
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
 def test_a_ranks_network_flow_does_not_share_its_memory_link(engine):
     """Rank 0 sends 16 MB to its host's other rank (shm, 8 GB/s: 2 ms) and 8 MB to another host
     (1.25 GB/s: 6.7 ms) at once. The network message leaves through the rank's own port, so it

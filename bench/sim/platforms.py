@@ -2,8 +2,8 @@
 
 A platform is hosts x ranks per host. Every rank is a SimGrid host (one core
 whose speed is 1 "flop" per byte: local work is executed as bytes / rate, see
-replay.py). Ranks of one host reach each other over their own split-duplex
-memory links (shm bandwidth, shm latency); ranks of different hosts leave
+replay.py). A shm message between ranks of one host crosses the receiver's
+memory link (shm bandwidth, shm latency: the receiver copies); ranks of different hosts leave
 through their own ports (no limit; half the shm latency each) and go up the
 sender host's NIC (split-duplex: each direction its own capacity), through a
 per-flow cap (a FATPIPE link: every flow gets at most the cap, flows do not
@@ -31,7 +31,7 @@ class Spec:
     link_Bps: float = 119.6e6       # NIC rate, bytes/s, each direction
     rtt_s: float = 42e-6            # round trip between hosts (wire + kernel)
     flow_cap_Bps: float = 0.0       # per-flow cap (0: none)
-    shm_Bps: float = 8e9            # a rank's memory link inside a host, each direction
+    shm_Bps: float = 8e9            # a rank's memory link inside a host: what it receives (copies) at once
     shm_lat_s: float = 1e-6
     reduce_Bps: float = 3e9         # local reduction rate (bytes of input per second)
     send_overhead_s: float = 5e-6   # CPU time a rank spends posting one message
@@ -86,6 +86,9 @@ def build(engine, spec: Spec) -> list:
         # its network traffic, so that the two never share a link (CM02 shares a link in inverse
         # proportion to each flow's latency: a 50 us network flow beside 1 us shm flows got a
         # fiftieth of the rank's memory link). A full zone: routes per pair of the host's ranks.
+        # A shm message crosses its receiver's memory link only: the receiver copies (out of the
+        # ring, or from the sender's memory by process_vm_readv above HARP_SHM_CMA_BYTES), so a
+        # rank's concurrent sends do not share a rate of the sender's; its concurrent receives do.
         zone = NetZone.create_full_zone(f"host{h}")
         zone.set_parent(root)
         gw = zone.create_router(f"gw{h}")
@@ -93,7 +96,7 @@ def build(engine, spec: Spec) -> list:
         for i in range(spec.local):
             r = h * spec.local + i
             host = zone.create_host(f"r{r}", 1.0).seal()
-            mems.append(zone.create_split_duplex_link(f"mem{r}", spec.shm_Bps).set_latency(spec.shm_lat_s / 2).seal())
+            mems.append(zone.create_link(f"memin{r}", spec.shm_Bps).set_latency(spec.shm_lat_s).seal())
             port = zone.create_split_duplex_link(f"port{r}", PORT_BPS).set_latency(spec.shm_lat_s / 2).seal()
             zone.add_route(host.netpoint, gw, None, None, [LinkInRoute(port, up)], False)
             zone.add_route(gw, host.netpoint, None, None, [LinkInRoute(port, down)], False)
@@ -103,7 +106,7 @@ def build(engine, spec: Spec) -> list:
             for j in range(spec.local):
                 if i != j:
                     zone.add_route(hosts[i].netpoint, hosts[j].netpoint, None, None,
-                                   [LinkInRoute(mems[i], up), LinkInRoute(mems[j], down)], False)
+                                   [LinkInRoute(mems[j])], False)
         zone.seal()
         nic = root.create_split_duplex_link(f"nic{h}", spec.nic_Bps).set_latency(spec.rtt_s / 4).seal()
         extra = [LinkInRoute(cap)] if cap is not None else []

@@ -13,8 +13,8 @@
 //     so a send moves bytes as soon as it is posted (TCP's eager socket
 //     buffers), not when the receive is posted;
 //   * the platform (bench/sim/platforms.py's build()): hosts x ranks per host,
-//     star zones; a rank's split-duplex memory link (shm rate, shm latency /
-//     2) to its host's router; the host's split-duplex NIC (rtt / 4 latency
+//     full zones; a rank's memory link (shm rate and latency) that its shm
+//     receives cross (the receiver copies), and a port to its host's router; the host's split-duplex NIC (rtt / 4 latency
 //     each way) and, where set, a FATPIPE per-flow cap; network/model CM02,
 //     network/TCP-gamma = the TCP window;
 //   * the arena's tbf bucket (burst_B > 0): the NICs run at burst_Bps, and each
@@ -284,7 +284,12 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
   // its network traffic, so that the two do not share a link (CM02 shares a link in inverse
   // proportion to each flow's latency: a 50 us network flow beside 1 us shm flows got a
   // fiftieth of a rank's memory link); a full zone then routes each pair of the host's ranks.
-  // --shared-mem-link: a star, where a rank's network flows cross its memory link too.
+  // A shm message crosses its receiver's memory link only: the receiver copies it (out of
+  // the ring, or from the sender's memory with process_vm_readv above HARP_SHM_CMA_BYTES,
+  // where the sender copies nothing), so a rank's concurrent sends (a binomial broadcast's
+  // root) do not share a rate of the sender's; what one rank receives at once does.
+  // --shared-mem-link: a star, where a rank's network flows cross its memory link too (and
+  // a shm message both ranks' memory links, as before the receiver-copies model).
   for (int h = 0; h < sp.hosts; ++h) {
     auto* zone = g_port_links ? sg4::create_full_zone("host" + std::to_string(h))
                               : sg4::create_star_zone("host" + std::to_string(h));
@@ -295,14 +300,16 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
     for (int i = 0; i < sp.local; ++i) {
       const int r = h * sp.local + i;
       mine.push_back(zone->create_host("r" + std::to_string(r), 1.0)->seal());
-      mems.push_back(zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2));
-      mems.back()->seal();
       auto* np = mine.back()->get_netpoint();
       if (!g_port_links) {
+        mems.push_back(zone->create_split_duplex_link("mem" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s / 2));
+        mems.back()->seal();
         zone->add_route(np, nullptr, nullptr, nullptr, {LR(mems.back(), LR::Direction::UP)}, false);
         zone->add_route(nullptr, np, nullptr, nullptr, {LR(mems.back(), LR::Direction::DOWN)}, false);
         continue;
       }
+      mems.push_back(zone->create_link("memin" + std::to_string(r), sp.shm_Bps)->set_latency(sp.shm_lat_s));
+      mems.back()->seal();
       auto* port = zone->create_split_duplex_link("port" + std::to_string(r), kPortBps)->set_latency(sp.shm_lat_s / 2);
       port->seal();
       zone->add_route(np, gw, nullptr, nullptr, {LR(port, LR::Direction::UP)}, false);
@@ -312,7 +319,7 @@ std::vector<sg4::Host*> buildPlatform(const Spec& sp) {
       for (int j = 0; j < sp.local; ++j)
         if (i != j)
           zone->add_route(mine[i]->get_netpoint(), mine[j]->get_netpoint(), nullptr, nullptr,
-                          {LR(mems[i], LR::Direction::UP), LR(mems[j], LR::Direction::DOWN)}, false);
+                          {LR(mems[j])}, false);
     zone->seal();
     ranks.insert(ranks.end(), mine.begin(), mine.end());
     // The host's NIC between its zone and the root (split duplex, RTT/4 each way).
