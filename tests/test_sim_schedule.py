@@ -283,6 +283,23 @@ def test_shared_cores_queue_the_ranks_cpu_work(tmp_path):
 
 
 @pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_a_blocked_wait_on_oversubscribed_cores_pays_the_wake_up(tmp_path):
+    """Spec.wake_s: rank 0 pings rank 1; rank 1 waits for the ping, pongs, works 1 ms and waits
+    for its pong's send. With 4 ranks on 2 cores a wait that blocks (rank 1's for the ping) ends
+    wake_s x (4 - 2) / 2 late; its wait for the send, done long before, ends at once (else the
+    run would take two wake-ups longer, not one); on 4 cores nothing is added."""
+    import platforms  # noqa: PLC0415
+
+    text = ("# harp-schedule 1 coll=test algo=pingpong p=4 bytes=8 hosts=1\n"
+            "R 0\nS 0 1 8 0\nV 1 1 8 0\nW 0 1\nR 1\nV 0 0 8 0\nW 0\nS 1 0 8 0\nX copy 3000000\nW 1\nR 2\nR 3\n")
+    base = platforms.Spec(hosts=1, local=4, send_overhead_s=0, shm_lat_s=1e-6)
+    times = {(c, w): _replay_text(text, base.but(cores=c, wake_s=w), tmp_path)["sim_seconds"]
+             for c in (2, 4) for w in (0.0, 1e-4)}
+    assert times[(2, 1e-4)] - times[(2, 0.0)] == pytest.approx(1e-4, rel=1e-6), times
+    assert times[(4, 1e-4)] == pytest.approx(times[(4, 0.0)], rel=1e-9), times
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
 def test_a_schedule_that_deadlocks_is_an_error_not_a_time(tmp_path):
     """A receive no one sends to: SimGrid ends the run quietly; the replayer must say so, not print 0 s."""
     import platforms  # noqa: PLC0415

@@ -21,7 +21,8 @@ The arena platform's constants, and where each comes from:
                     bucket covers leaves at veth speed (10 Gbit/s assumed), a longer one waits
                     for the tokens (replay.py holds it)
   cores (--cores)   0: each emulated host its own core; N: every rank's CPU work on N shared
-                    cores (the arena runs all its hosts on this machine's cores)
+                    cores (the arena runs all its hosts on this machine's cores), and a wait
+                    that blocks ends wake_s x (ranks - N) / N late (WAKES, fitted with the rest)
   reduce 3 GB/s     float32 sum, one core of the arena VM (bench/RESULTS.md's kernel rates
                     are 2-6 GB/s for out = a + b)
 """
@@ -29,6 +30,7 @@ The arena platform's constants, and where each comes from:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -46,6 +48,7 @@ ARENA = platforms.Spec(hosts=2, link_Bps=119.6e6, rtt_s=42e-6, reduce_Bps=3e9, s
 SEND_OVERHEADS = (1e-6, 2e-6, 3e-6, 5e-6, 10e-6, 20e-6, 30e-6, 45e-6)
 BASE_RTTS = (10e-6, 20e-6, 42e-6)
 DELAY_SCALES = (0.8, 0.9, 1.0)
+WAKES = (0.0, 10e-6, 20e-6, 30e-6)  # --cores N only: Spec.wake_s, a blocked rank's wait for a core
 ITERATIONS = 3  # back to back, as the benchmark loops: the tbf bucket's steady state  # delivered / asked added delay (the delay line's own accuracy)
 
 
@@ -68,13 +71,12 @@ def fit(points: list, cache: dict, base: platforms.Spec = ARENA) -> tuple:
     (robust to the few points a loaded machine inflated)."""
     small = [p for p in points if p.nbytes <= 4096]
     best = None
-    for o in SEND_OVERHEADS:
-        for rtt in BASE_RTTS:
-            for k in DELAY_SCALES:
-                spec = base.but(send_overhead_s=o, rtt_s=rtt)
-                worst = sum(abs(math.log(s / p.us)) for p, s in run(small, spec, cache, k)) / len(small)
-                if best is None or worst < best[0]:
-                    best = (worst, spec, k)
+    for o, rtt, k, w in itertools.product(SEND_OVERHEADS, BASE_RTTS, DELAY_SCALES,
+                                          WAKES if base.cores > 0 else (0.0,)):
+        spec = base.but(send_overhead_s=o, rtt_s=rtt, wake_s=w)
+        worst = sum(abs(math.log(s / p.us)) for p, s in run(small, spec, cache, k)) / len(small)
+        if best is None or worst < best[0]:
+            best = (worst, spec, k)
     return best[1], best[2]
 
 
@@ -111,7 +113,8 @@ def main() -> None:
             cache[(pt.algo, pt.hosts, pt.nbytes)] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec, k = fit(pts, cache, ARENA.but(cores=a.cores))
     rows = run(pts, spec, cache, k)
-    cores = f"{a.cores} cores shared by every rank" if a.cores else "a core per rank"
+    cores = (f"{a.cores} cores shared by every rank, a blocked rank waits {spec.wake_s * 1e6:g} us per rank beyond "
+             "them for one" if a.cores else "a core per rank")
     md = (f"Fitted ({cores}): {spec.send_overhead_s * 1e6:g} us CPU per message, a base round trip of "
           f"{spec.rtt_s * 1e6:g} us; the added delay delivered at {k:g} x the asked.\n\n" + table(rows))
     if a.md:

@@ -45,6 +45,9 @@ class Spec:
     # host of this many cores (the arena: all emulated hosts on one machine), so ranks busy at
     # once queue for them; 0: each rank has its own core. harp_replay only.
     cores: int = 0
+    # With cores > 0 and more ranks than cores: a wait that blocks ends wake_s x (ranks - cores)
+    # / cores after its data arrived (the woken rank queues for a core). harp_replay only.
+    wake_s: float = 0.0
 
     @property
     def nic_Bps(self) -> float:

@@ -46,11 +46,8 @@ REPLAYER = schedule.ROOT / "build" / "sim" / "harp_replay"
 
 
 def ensure_replayer() -> Path:
-    src = schedule.ROOT / "bench/sim/replay/harp_replay.cc"
-    if not REPLAYER.exists() or src.stat().st_mtime > REPLAYER.stat().st_mtime:
-        subprocess.run(["nice", "bash", str(schedule.ROOT / "bench/sim/build_replayer.sh"), str(REPLAYER)],
-                       check=True, stdout=subprocess.DEVNULL)
-    return REPLAYER
+    return schedule.build_if_stale(REPLAYER, "bench/sim/build_replayer.sh",
+                                   [schedule.ROOT / "bench/sim/replay/harp_replay.cc"])
 
 
 def spec_arg(spec: platforms.Spec) -> str:

@@ -13,7 +13,9 @@ when a source under bench/sim/emit/ or core/algorithms/ is newer.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,12 +69,24 @@ def parse(text: str) -> Schedule:
     return s
 
 
+_BUILD_LOCK = threading.Lock()
+
+
+def build_if_stale(binary: Path, script: str, srcs: list) -> Path:
+    """Runs `script` (bench/sim/build_*.sh) when a source is newer than `binary`. It builds
+    beside it and renames it into place, so a replay running it meanwhile (project.py's
+    threads, another process) never executes a half-written file."""
+    with _BUILD_LOCK:
+        if not binary.exists() or max(p.stat().st_mtime for p in srcs) > binary.stat().st_mtime:
+            tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+            subprocess.run(["nice", "bash", str(ROOT / script), str(tmp)], check=True, stdout=subprocess.DEVNULL)
+            os.replace(tmp, binary)
+    return binary
+
+
 def ensure_built() -> Path:
     srcs = list((ROOT / "bench/sim/emit").glob("*")) + list((ROOT / "core/algorithms").rglob("*.cc"))
-    if not BINARY.exists() or max(p.stat().st_mtime for p in srcs) > BINARY.stat().st_mtime:
-        subprocess.run(["nice", "bash", str(ROOT / "bench/sim/build_emitter.sh"), str(BINARY)], check=True,
-                       stdout=subprocess.DEVNULL)
-    return BINARY
+    return build_if_stale(BINARY, "bench/sim/build_emitter.sh", srcs)
 
 
 def emit_args(algo: str | None, p: int, nbytes: int, hosts: int = 1, compress: str | None = None,

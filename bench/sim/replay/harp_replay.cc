@@ -36,6 +36,10 @@
 //   * cores > 0 (the arena: every emulated host on one machine's cores): each
 //     message's CPU and every X runs on one shared host of that many cores, so
 //     ranks busy at once queue for them; cores = 0: each rank its own core;
+//   * wake_s > 0 with cores > 0 and more ranks than cores: a W that blocks
+//     (a request still incomplete when it starts) returns wake_s x (ranks -
+//     cores) / cores after its last request completes: the woken rank waits
+//     for a core behind the others (calibrate.py fits it on the arena);
 //   * A/E/J lines (a rank's lane: rail's asynchronous legs): a second actor per
 //     such rank runs the jobs in the order posted; J waits for one;
 //   * iterations > 1: the schedule runs that many times back to back (no
@@ -79,8 +83,11 @@ int g_payload;  // SimGrid refuses a null payload; every message carries this ad
 struct Spec {
   int hosts = 0, local = 1;
   double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
-         send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0;
+         send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0, wake_s = 0;
   int cores = 0;  // > 0: every rank's CPU work runs on one shared host of this many cores
+  // A wait that blocks ends this much after its last request: wake_s per rank beyond the
+  // cores (more ranks than cores: a woken rank queues behind the running ones).
+  double wakeSeconds() const { return cores > 0 && ranks() > cores ? wake_s * (ranks() - cores) / cores : 0; }
   double nic_Bps() const { return burst_B > 0 ? burst_Bps : link_Bps; }
   int ranks() const { return hosts * local; }
 };
@@ -105,7 +112,7 @@ Spec parseSpec(const std::string& s) {
       {"link_Bps", &sp.link_Bps},         {"rtt_s", &sp.rtt_s},       {"flow_cap_Bps", &sp.flow_cap_Bps},
       {"shm_Bps", &sp.shm_Bps},           {"shm_lat_s", &sp.shm_lat_s}, {"reduce_Bps", &sp.reduce_Bps},
       {"send_overhead_s", &sp.send_overhead_s}, {"tcp_window_B", &sp.tcp_window_B},
-      {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}};
+      {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}, {"wake_s", &sp.wake_s}};
   std::stringstream in(s);
   std::string kv;
   while (std::getline(in, kv, ',')) {
@@ -475,6 +482,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
   // new send first reaps the finished ones at the front with test(), which
   // takes no simulated time: a later W on them returns at once, as it would.
   std::deque<uint32_t> in_flight;
+  const double wake = sp.wakeSeconds();
   auto reap = [&]() {
     while (!in_flight.empty()) {
       Req& q = reqs[in_flight.front()];
@@ -523,12 +531,24 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         q.comm = o.mb->get_async(&q.payload);
         break;
       }
-      case 'W':
+      case 'W': {
+        // Blocked: a request not yet complete when the wait starts (test() takes no time).
+        bool blocked = false;
         for (uint32_t i = 0; i < o.n; ++i) {
           const uint32_t id = rk.waits[o.id + i];
-          if (id < reqs.size() && reqs[id].live) reqs[id].done(st);
+          if (id >= reqs.size() || !reqs[id].live) continue;
+          Req& q = reqs[id];
+          if (!blocked && q.comm && !q.deferred && q.comm->test()) {
+            q.comm = nullptr;
+            q.live = false;
+            continue;
+          }
+          blocked = true;
+          q.done(st);
         }
+        if (blocked && wake > 0) sg4::this_actor::sleep_for(wake);
         break;
+      }
       case 'A':
         st.queue.push_back(o.peer);
         st.posted->release();
