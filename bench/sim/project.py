@@ -19,13 +19,17 @@ messages is not replayed (its cell says so), nor one whose replay passes
 --timeout. The tuner check asks HARP's selector (harp_sched --pick: core/select
 linked, the built-in tuning table, a calibration made from the platform's
 constants) for each point and compares its pick's simulated time with the best
-simulated algorithm's: goal within 5%. Simulated times are cached in the JSON
-(--reuse), so a selector change is re-checked without replaying.
+simulated algorithm's: goal within 5%. Simulated times are cached (--cache) with
+the SHA-256 of the schedule each was replayed from: a later run emits every
+schedule again and replays only the cells whose schedule changed (a cost model
+change moves a hierarchical algorithm's legs, nothing else), so a selector
+change is re-checked without replaying the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -109,8 +113,22 @@ def sched_args(coll: str, algo: str, p: int, nbytes: int) -> list:
 BURST = ("direct", "pairwise")
 
 
+def inputs_digest(path: str, spec: platforms.Spec) -> str:
+    """SHA-256 of what a replay's time follows from: the schedule, the platform, the replayer's
+    flags and its source (a change to the replayer's model invalidates every cell)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(hashlib.file_digest(f, "sha256").digest())
+    h.update(f"{replay.spec_arg(spec)} {' '.join(REPLAY_FLAGS)}".encode())
+    h.update((ROOT / "bench/sim/replay/harp_replay.cc").read_bytes())
+    return h.hexdigest()
+
+
 def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: dict,
-         max_burst_msgs: int | None = None) -> dict:
+         max_burst_msgs: int | None = None, cached: dict | None = None) -> dict:
+    """One cell: its schedule emitted, and replayed unless `cached` (the cache's cell) was
+    replayed from the same inputs (inputs_digest, "sched"), as it is after a change that
+    moved no message of it (a hierarchical algorithm's legs follow the selector's costs)."""
     name, coll, p, algo, size = job
     if algo in BURST and max_burst_msgs is not None:
         max_msgs = min(max_msgs, max_burst_msgs)
@@ -129,6 +147,9 @@ def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: 
         if e.returncode != 0:
             out["skipped"] = "harp_sched: " + e.stderr.strip()[-300:]
             return out
+        out["sched"] = inputs_digest(path, spec)
+        if cached and cached.get("sched") == out["sched"] and "us" in cached:
+            return dict(cached, reused=True)
         t0 = time.monotonic()
         try:
             r = replay.simulate_file(path, spec, timeout_s=timeout_s, extra=REPLAY_FLAGS)
@@ -338,6 +359,10 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="ignore --cache (replay every cell)")
     ap.add_argument("--picks-only", action="store_true", help="replay nothing: tables and the tuner check "
                     "from --cache")
+    ap.add_argument("--no-verify", action="store_true", help="reuse cached cells without emitting their "
+                    "schedules to check that they are unchanged")
+    ap.add_argument("--retry-timeouts", action="store_true", help="replay again the cells whose replay ran "
+                    "out of --timeout")
     a = ap.parse_args()
     RANKS = tuple(int(x) for x in a.ranks.split(","))
     SIZES = tuple(int(x) for x in a.sizes.split(","))
@@ -359,13 +384,20 @@ def main() -> None:
             old[(c["platform"], c["coll"], c["p"], c["algo"], c["size"])] = c
     jobs = [(name, coll, p, algo, n) for p in RANKS for name in VPCS for coll in colls for n in SIZES
             for algo in ALGOS[coll]]
-    todo = [j for j in jobs if j not in old]
+    # A cached cell is reused when its schedule is unchanged (cell() emits it and compares the
+    # hash); one whose replay ran out of time is kept as it is (--retry-timeouts replays it).
+    todo = [j for j in jobs if j not in old or not (
+        not a.retry_timeouts and old[j].get("skipped", "").startswith("replay over") or
+        a.no_verify and ("us" in old[j] or "skipped" in old[j]))]
     if a.picks_only:
         todo = []
-    print(f"project: {len(jobs)} cells, {len(todo)} to replay", file=sys.stderr, flush=True)
+    print(f"project: {len(jobs)} cells, {len(todo)} to emit, {sum(j not in old for j in todo)} of them not in "
+          "the cache", file=sys.stderr, flush=True)
 
     def run(j):
-        c = cell(j, o_send, a.max_msgs, a.timeout, cal_files, a.max_burst_msgs)
+        c = cell(j, o_send, a.max_msgs, a.timeout, cal_files, a.max_burst_msgs, old.get(j))
+        if c.pop("reused", False):
+            return c
         with open(a.cache, "a") as f:  # one write per line: the two threads' lines do not mix
             f.write(json.dumps(c) + "\n")
         print(f"  {j}: {fmt_us(c)} {c.get('skipped', '')} ({c.get('wall_s', '-')} s)", file=sys.stderr, flush=True)
@@ -373,7 +405,12 @@ def main() -> None:
 
     with ThreadPoolExecutor(a.jobs) as ex:
         new = list(ex.map(run, todo))
-    cells = list(old.values()) + new  # the cache's cells of other ranks and sizes too
+    merged = {**old, **{tuple(c[k] for k in ("platform", "coll", "p", "algo", "size")): c for c in new}}
+    cells = list(merged.values())  # the cache's cells of other ranks and sizes too
+    if new:  # the cache compacted: one line per cell, the latest
+        tmp_cache = a.cache + ".tmp"
+        Path(tmp_cache).write_text("".join(json.dumps(c) + "\n" for c in cells))
+        os.replace(tmp_cache, a.cache)
     cells = extrapolate(cells)
     grid = sorted({(c["platform"], c["coll"], c["p"], c["size"]) for c in cells})
     picks = {(name, coll, p, n): tuner_pick(cal_files[name], coll, p, block_bytes(coll, p, n))

@@ -35,7 +35,11 @@
 // cheapest flat algorithm of its sub-communicator (hier::legSeconds):
 //   intra: reduce_scatter + allgather of m/L-byte blocks on L ranks (shm)
 //   inter: allreduce of m/L bytes on H ranks (tcp), each rail with 1/L of the
-//          host link (link_beta x L; at most one flow's beta): a rail's latencies are paid once per piece,
+//          host link (link_beta x L; at most one flow's beta), as the algorithm the rail's
+//          selector picks for one flow's rate (it does not know of the other rails: at 1 ms,
+//          16 hosts, 512 KB it picks recursive doubling, 1.2 x halving-doubling's time at 1/8
+//          of the link; costing halving-doubling put rail's model at 0.79-0.84 x its replay,
+//          128-256 ranks, 16 MB): a rail's latencies are paid once per piece,
 //          since one worker thread runs the pieces' rail calls one by one
 //   total: intra + inter + (k-1)·max(intra, inter) (the pipeline) + 3k leg calls.
 // At 1 ms RTT and 8 hosts a 256 MB call is 64 pieces of 14 ring latencies
@@ -145,7 +149,7 @@ double railCost(double n, const HierShape& s, const TransportParams& in, const T
   rail.link_beta = 0;
   const double intra = hier::legSeconds(CollType::kReduceScatter, block, s.local, "shm", in) +
                        hier::legSeconds(CollType::kAllgather, block, s.local, "shm", in);
-  const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail);
+  const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail, ex);
   return intra + inter + (pieces - 1) * std::max(intra, inter) + 3 * pieces * hier::kLegCallS;
 }
 

@@ -6,7 +6,9 @@
 // per-message overhead (TransportParams::overhead): the p-1 messages are posted
 // at once, so their latencies overlap, each further one adds only its software
 // cost (on a loopback line o = alpha, which gives (p-1)·alpha), and each moves
-// while the next is posted (burstSeconds).
+// while the next is posted (burstSeconds). Where a line caps each flow below its
+// link rate, the p-1 flows share the link: (p-1)·count·beta becomes
+// count·max(beta, (p-1)·link_beta) (sharedLinkSeconds).
 #include <algorithm>
 #include <vector>
 
@@ -66,7 +68,7 @@ void alltoallvPairwise(Context& ctx) {
 }
 
 namespace {
-double pairwiseCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, (p - 1) * n * t.beta); }
+double pairwiseCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, sharedLinkSeconds(t, n, p - 1)); }
 
 // On H hosts of L consecutive ranks every block to another host crosses its uplink once, all
 // L ranks' at once: L·(p-L)·n there, (L-1)·n inside the host.

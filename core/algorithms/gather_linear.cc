@@ -1,7 +1,8 @@
 // Gather, linear: every rank sends its block to the root, which receives all
 // blocks straight into place (posted at once, so they arrive in parallel).
 // Any p, any root; recvbuf is only used on the root.
-// Cost: alpha + (p-1)·n·beta at the root (its link is the bottleneck; the
+// Cost: alpha + (p-1)·n·beta at the root (its link is the bottleneck, shared by
+// the p-1 flows: sharedLinkSeconds, where a line caps each flow below the link; the
 // receives are posted at once, so latencies overlap, and each sender pays its
 // one message's overhead in parallel with the others: the root posts no sends.
 // Charging the root (p-2) send overheads made leader's allgather, whose host
@@ -34,7 +35,7 @@ void gatherLinear(Context& ctx) {
 }
 
 namespace {
-double linearCost(double n, int p, const TransportParams& t) { return p > 1 ? t.alpha + (p - 1) * n * t.beta : 0; }
+double linearCost(double n, int p, const TransportParams& t) { return p > 1 ? t.alpha + sharedLinkSeconds(t, n, p - 1) : 0; }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kGather, .name = "linear", .fn = gatherLinear, .cost = linearCost,

@@ -3,7 +3,8 @@
 // Any p, any root; sendbuf is only used on the root.
 // Cost: alpha + max((p-2)·o + n·beta, (p-1)·n·beta) at the root (o: per-message
 // overhead, TransportParams::overhead; the sends are posted at once, so latencies
-// overlap, and each moves while the next is posted: burstSeconds).
+// overlap, and each moves while the next is posted: burstSeconds). Where a line caps
+// each flow below its link rate, the p-1 flows share the link (sharedLinkSeconds).
 // Descriptor check: as a rooted collective it also runs the communicator's
 // exact descriptor check (Communicator::runCollective): p-1 messages of 24
 // bytes per rank alongside the data, one extra latency for ranks that only
@@ -32,7 +33,7 @@ void scatterLinear(Context& ctx) {
 }
 
 namespace {
-double linearCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, (p - 1) * n * t.beta); }
+double linearCost(double n, int p, const TransportParams& t) { return burstSeconds(t, p - 1, n * t.beta, sharedLinkSeconds(t, n, p - 1)); }
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kScatter, .name = "linear", .fn = scatterLinear, .cost = linearCost,

@@ -542,3 +542,46 @@ TEST(Select, ATreeAcrossHostsPaysItsBusiestHostLink) {
   EXPECT_GT(small, 2 * 3 * ex.alpha);
   EXPECT_LT(small, tree->cost(8, 64, ex));
 }
+
+TEST(Select, TheRingAcrossHostsHidesItsLatenciesBehindTheHostLink) {
+  // allreduce ring on 32 hosts x 8 ranks, 16 MB, 1 ms RTT: the host link's step waits for the
+  // previous host's step plus 7 hops inside the host, so each step costs the slower of one
+  // chunk through the host link and an eighth of that chain. Replayed in SimGrid: 55.4 ms; the
+  // sum of the latency and bandwidth terms said 69 ms, the bandwidth term alone 27 ms.
+  const TransportParams in{21e-6, 1.25e-10, 3.33e-10, 20e-6};
+  TransportParams ex{520e-6, 8e-10, 3.33e-10, 20e-6};
+  ex.link_beta = 3.2e-10;
+  const Algorithm* ring = findAlgorithm(CollType::kAllreduce, "ring");
+  ASSERT_TRUE(ring && ring->flat_hier_cost);
+  const double n = 16.0 * (1 << 20), p = 256;
+  const double t = ring->flat_hier_cost(n, HierShape{32, 8}, in, ex);
+  EXPECT_NEAR(t, 55.4e-3, 0.03 * 55.4e-3);
+  // Bandwidth-bound (1 GB): the host link streams 2(p-1)/p·n, the latencies hidden behind it.
+  const double big = 1024.0 * (1 << 20);
+  const double b = ring->flat_hier_cost(big, HierShape{32, 8}, in, ex);
+  EXPECT_NEAR(b, 2 * (p - 1) / p * big * ex.beta + ex.alpha, 1e-9);
+  // Latency-bound (8 bytes): 2(p-1) hops, one in 8 paying the host line's latency, and the
+  // last hop's own latency to the end.
+  const double small = ring->flat_hier_cost(8, HierShape{32, 8}, in, ex);
+  EXPECT_NEAR(small, 2 * (p - 1) * (ex.alpha + 7 * in.alpha) / 8 + ex.alpha, 0.001 * small);
+}
+
+TEST(Select, ConcurrentFlowsOnACappedLineShareTheHostLink) {
+  // 31 flows of 8 MB at once from one rank (allgather direct, alltoall pairwise, scatter linear:
+  // a leaders' leg across 32 hosts) on a line capping each flow at 1.25 GB/s under a 3.125 GB/s
+  // link: 83 ms through the link, not 31 x 6.7 ms at the cap.
+  TransportParams ex{520e-6, 8e-10, 3.33e-10, 20e-6};
+  ex.link_beta = 3.2e-10;
+  const double n = 8.0 * (1 << 20);
+  for (auto [coll, name] : {std::pair{CollType::kAllgather, "direct"}, std::pair{CollType::kAlltoall, "pairwise"},
+                            std::pair{CollType::kScatter, "linear"}, std::pair{CollType::kGather, "linear"}}) {
+    const Algorithm* a = findAlgorithm(coll, name);
+    ASSERT_TRUE(a && a->cost) << name;
+    const double t = a->cost(n, 32, ex);
+    EXPECT_GE(t, 31 * n * ex.link_beta) << name;
+    EXPECT_LT(t, 31 * n * ex.link_beta + 2e-3) << name;
+    TransportParams one = ex;  // no cap below the link: one flow fills it, p-1 flows take p-1 times
+    one.link_beta = 0;
+    EXPECT_GE(a->cost(n, 32, one), 31 * n * one.beta) << name;
+  }
+}
