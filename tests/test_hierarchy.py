@@ -237,13 +237,17 @@ def test_small_messages_on_block_placed_hosts_keep_recursive_doubling():
     """2x2 and 4x2 at 8 B: recursive doubling's first log2 L rounds stay inside a host, so it crosses the
     network log2 H times, as leader does, without leader's intra reduce and broadcast: the model keeps it
     (the arena sweep measured it below leader at 2x2, 8 B-2 KB). Larger messages put L x n on a host's
-    uplink per round, and recursive doubling is no longer the pick (rail at 2x2)."""
+    uplink per round, and recursive doubling is no longer the pick. (At 2x2, 256 KB rail was the pick
+    until the ring's host-aware cost hid its latencies behind the host link: the ring, 193 us, and rail,
+    199 us, now tie within 4%, so no hierarchy beats every flat candidate and the tuning row's
+    halving-doubling runs; rail stays the cheaper hierarchy.)"""
     for ppn in ([2, 2], [2, 2, 2, 2]):
         pick, why, out = explain_pick("allreduce", "8", ppn)
         assert pick == "recursive_doubling" and seconds(out, "recursive_doubling") < seconds(out, "leader"), out
         pick, why, out = explain_pick("allreduce", "256K", ppn)
         assert pick != "recursive_doubling" and seconds(out, pick) < seconds(out, "recursive_doubling"), out
-    assert explain_pick("allreduce", "256K", [2, 2])[0] == "rail"
+    out = explain_pick("allreduce", "256K", [2, 2])[2]
+    assert seconds(out, "rail") < seconds(out, "leader") and seconds(out, "rail") < 1.05 * seconds(out, "ring"), out
 
 
 def test_runtime_costs_recursive_doubling_by_host_only_for_consecutive_ranks():

@@ -35,11 +35,10 @@
 // cheapest flat algorithm of its sub-communicator (hier::legSeconds):
 //   intra: reduce_scatter + allgather of m/L-byte blocks on L ranks (shm)
 //   inter: allreduce of m/L bytes on H ranks (tcp), each rail with 1/L of the
-//          host link (link_beta x L; at most one flow's beta), as the algorithm the rail's
-//          selector picks for one flow's rate (it does not know of the other rails: at 1 ms,
-//          16 hosts, 512 KB it picks recursive doubling, 1.2 x halving-doubling's time at 1/8
-//          of the link; costing halving-doubling put rail's model at 0.79-0.84 x its replay,
-//          128-256 ranks, 16 MB): a rail's latencies are paid once per piece,
+//          host link (link_beta x L; at most one flow's beta): the rails' calls say so
+//          (CollOptions::link_flows = L), so each rail's selector picks for that share too
+//          (at 1 ms, 16 hosts, 512 KB: halving-doubling; for a whole flow's rate it picked
+//          recursive doubling, 1.2 x slower at 1/8 of the link); a rail's latencies are paid once per piece,
 //          since one worker thread runs the pieces' rail calls one by one
 //   total: intra + inter + (k-1)·max(intra, inter) (the pipeline) + 3k leg calls.
 // At 1 ms RTT and 8 hosts a 256 MB call is 64 pieces of 14 ring latencies
@@ -63,8 +62,9 @@ namespace {
 // thread reduce-scatters piece k+1 and allgathers piece k-1 over shm.
 constexpr size_t kPieceSegments = 8;  // a piece is 8 x HARP_SEGMENT_BYTES (4 MB by default)
 
+// The rail allreduce of one piece, asynchronous; the host's L rails run at once (link_flows).
 std::shared_ptr<Work> railAsync(Group& rail, char* buf, size_t count, const CollArgs& a, ReduceOp op,
-                                double t) {
+                                double t, size_t L) {
   CollArgs r;
   r.coll = CollType::kAllreduce;
   r.sendbuf = r.recvbuf = buf;
@@ -72,6 +72,7 @@ std::shared_ptr<Work> railAsync(Group& rail, char* buf, size_t count, const Coll
   r.dtype = a.dtype;
   r.op = op;
   r.opts.timeout_s = t;
+  r.opts.link_flows = static_cast<int>(L);
   return rail.submit(std::move(r), true);
 }
 
@@ -93,7 +94,7 @@ void pipelined(Context& ctx, SubComms& s, size_t c, size_t L, ReduceOp op) {
     for (size_t k = 0; k < parts.n; ++k) {
       const size_t at = L * parts.offset(k) * es;
       runOn(*s.intra, CollType::kReduceScatter, in + at, mine(k), parts.size(k), a.dtype, op, 0, t);
-      works[k] = railAsync(*s.rail, mine(k), parts.size(k), a, op, t);
+      works[k] = railAsync(*s.rail, mine(k), parts.size(k), a, op, t, L);
       if (k > 0) gather(k - 1);
     }
     gather(parts.n - 1);
@@ -126,14 +127,14 @@ void allreduceRail(Context& ctx) {
     char* mine = out + i * c * es;
     if (s.intra) runOn(*s.intra, CollType::kReduceScatter, in, mine, c, a.dtype, op, 0, t);
     else copyBytes(mine, in, c * es);
-    if (s.rail) runOn(*s.rail, CollType::kAllreduce, mine, mine, c, a.dtype, op, 0, t);
+    if (s.rail) runOn(*s.rail, CollType::kAllreduce, mine, mine, c, a.dtype, op, 0, t, static_cast<int>(L));
     if (s.intra) runOn(*s.intra, CollType::kAllgather, mine, out, c, a.dtype, op, 0, t);
   }
   if (tail > 0) {
     const size_t at = c * L * es;
     if (s.intra) runOn(*s.intra, CollType::kAllreduce, in + at, out + at, tail, a.dtype, op, 0, t);
     else copyBytes(out + at, in + at, tail * es);
-    if (s.rail) runOn(*s.rail, CollType::kAllreduce, out + at, out + at, tail, a.dtype, op, 0, t);
+    if (s.rail) runOn(*s.rail, CollType::kAllreduce, out + at, out + at, tail, a.dtype, op, 0, t, static_cast<int>(L));
   }
 }
 
@@ -149,7 +150,7 @@ double railCost(double n, const HierShape& s, const TransportParams& in, const T
   rail.link_beta = 0;
   const double intra = hier::legSeconds(CollType::kReduceScatter, block, s.local, "shm", in) +
                        hier::legSeconds(CollType::kAllgather, block, s.local, "shm", in);
-  const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail, ex);
+  const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail);
   return intra + inter + (pieces - 1) * std::max(intra, inter) + 3 * pieces * hier::kLegCallS;
 }
 

@@ -43,7 +43,7 @@ class Group {
 // One blocking collective on a group with the parent's timeout (its errors
 // propagate). `recv` may equal `send`.
 inline void runOn(Group& g, CollType coll, const void* send, void* recv, size_t count, DataType dt, ReduceOp op,
-                  int root, double timeout_s) {
+                  int root, double timeout_s, int link_flows = 1) {
   CollArgs a;
   a.coll = coll;
   a.sendbuf = send;
@@ -53,6 +53,7 @@ inline void runOn(Group& g, CollType coll, const void* send, void* recv, size_t 
   a.op = op;
   a.root = root;
   a.opts.timeout_s = timeout_s;
+  a.opts.link_flows = link_flows;
   g.run(std::move(a));
 }
 

@@ -12,11 +12,6 @@
 namespace harp::hier {
 
 double legSeconds(CollType coll, double bytes, int ranks, const char* transport, const TransportParams& t) {
-  return legSeconds(coll, bytes, ranks, transport, t, t);
-}
-
-double legSeconds(CollType coll, double bytes, int ranks, const char* transport, const TransportParams& t,
-                  const TransportParams& seen) {
   if (ranks <= 1) return 0;
   SelectQuery q;
   q.coll = coll;
@@ -26,9 +21,9 @@ double legSeconds(CollType coll, double bytes, int ranks, const char* transport,
   q.transport = transport;
   // The selector's own steps 2-4 (core/select/select.h): the row and its fallbacks, else the model.
   const Algorithm* a = nullptr;
-  if (auto m = TuningTable::builtin().match(coll, transport, ranks, q.bytes, seen.alpha); m.row)
+  if (auto m = TuningTable::builtin().match(coll, transport, ranks, q.bytes, t.alpha); m.row)
     a = withFallback(findAlgorithm(coll, m.row->algo), q);
-  if (!a || !a->cost || a->hier_cost) a = cheapestFlat(q, seen);
+  if (!a || !a->cost || a->hier_cost) a = cheapestFlat(q, t);
   // a->cost with the caller's bytes: a leg's share (rail's n / pieces / L) need not be whole.
   return a && a->cost ? a->cost(bytes, ranks, t) : std::numeric_limits<double>::infinity();
 }

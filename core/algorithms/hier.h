@@ -31,11 +31,6 @@ constexpr double kLegCallS = 3e-6;
 // overprices small legs at many hosts (the leaders' allgather of 32 hosts as a
 // ring: 31 latencies; Bruck: 5) and misprices legs a row sends elsewhere.
 double legSeconds(CollType coll, double bytes, int ranks, const char* transport, const TransportParams& t);
-// The same, where the leg's selector sees the line as `seen` (its own calibration) but the leg
-// runs at `t`: rail's L rails share their host's link, which each rail's selector does not know,
-// so it picks for a flow's rate and the pick then runs at 1/L of the link.
-double legSeconds(CollType coll, double bytes, int ranks, const char* transport, const TransportParams& t,
-                  const TransportParams& seen);
 
 inline ReduceOp legOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 

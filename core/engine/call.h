@@ -32,6 +32,10 @@ struct CommOptions {
 struct CollOptions {
   std::string algo;            // "" : tuning table (and HARP_ALGO)
   double timeout_s = -1;       // < 0: the communicator's timeout
+  // Calls like this one that cross each host's link at once (rail's L rails, one per local
+  // rank): the selector prices this call's flows at that share of the link. Internal: set by
+  // hierarchical algorithms for their legs, the same on every rank of the leg.
+  int link_flows = 1;
 };
 
 // One send or receive of a p2p_batch (NCCL's grouped ncclSend/ncclRecv). Each

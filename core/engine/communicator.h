@@ -198,6 +198,7 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   struct AlgoMemo {
     size_t bytes = 0;
     bool in_place = false;
+    int link_flows = 1;  // the rails' calls and the leaders' share rail 0's communicator
     const struct Algorithm* algo = nullptr;  // nullptr: nothing memoised yet
   };
   AlgoMemo algo_memo_[32];

@@ -50,6 +50,7 @@ SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, 
   q.max_local = topo.max_local;
   q.blocked = topo.blocked;
   q.hier_auto = hier;
+  q.link_flows = std::max(1, a.opts.link_flows);
   return q;
 }
 
@@ -123,7 +124,8 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
   const SelectQuery q = queryOf(a, size_, transport_kind_, topo_, hier_auto_);
   const size_t slot = static_cast<size_t>(a.coll);
   const bool memo = a.opts.algo.empty() && slot < std::size(algo_memo_);
-  if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == q.bytes && algo_memo_[slot].in_place == q.in_place)
+  if (memo && algo_memo_[slot].algo && algo_memo_[slot].bytes == q.bytes && algo_memo_[slot].in_place == q.in_place &&
+      algo_memo_[slot].link_flows == q.link_flows)
     return algo_memo_[slot].algo;
   const Selection sel = selectAlgorithm(q, tuning_, calibration_, false);
   const bool fell_back = !sel.named_failed.empty() && sel.source == PickSource::kUser;
@@ -138,7 +140,7 @@ const Algorithm* Communicator::algorithmFor(const CollArgs& a) {
                   sel.reason().c_str());
     }
   }
-  if (memo) algo_memo_[slot] = {q.bytes, q.in_place, sel.pick};
+  if (memo) algo_memo_[slot] = {q.bytes, q.in_place, q.link_flows, sel.pick};
   return sel.pick;
 }
 

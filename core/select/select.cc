@@ -172,6 +172,12 @@ Selection selectAlgorithm(const SelectQuery& query, const TuningTable& table, co
   q.inter = cal.params("tcp");
   Selection s;
   s.params = cal.params(std::string(q.transport));
+  if (q.link_flows > 1) {  // this call's flows get their share of the host link, no more
+    for (TransportParams* t : {&s.params, &q.inter}) {
+      t->beta = sharedLinkSeconds(*t, 1, q.link_flows);
+      t->link_beta = 0;
+    }
+  }
   if (!q.user_algo.empty()) {
     s.source = PickSource::kUser;
     s.why = "algo= argument";

@@ -66,6 +66,9 @@ struct SelectQuery {
   int min_local = 1, max_local = 1;  // ranks on the smallest / largest host
   bool blocked = false;              // every host's ranks are consecutive (launchers' block placement)
   bool hier_auto = true;             // HARP_HIER: the selector may pick hierarchical algorithms itself
+  // Calls like this one crossing each host's link at once (CollOptions::link_flows): the line's
+  // per-flow rate becomes their share of the host link, sharedLinkSeconds(t, 1, link_flows).
+  int link_flows = 1;
   // Parameters of the legs inside / between hosts for HierCostFn; selectAlgorithm
   // fills them from the calibration (shm's and tcp's lines).
   TransportParams intra, inter;

@@ -585,3 +585,21 @@ TEST(Select, ConcurrentFlowsOnACappedLineShareTheHostLink) {
     EXPECT_GE(a->cost(n, 32, one), 31 * n * one.beta) << name;
   }
 }
+
+TEST(Select, RailsSharingTheHostLinkPickForTheirShare) {
+  // A rail's allreduce of 512 KB on 16 hosts of a VPC line at 1 ms RTT (1.25 GB/s per flow,
+  // 3.125 GB/s per host). Alone it has a whole flow's rate and recursive doubling (4 steps of
+  // the whole block) wins; as one of 8 rails crossing at once (CollOptions::link_flows) it has
+  // an eighth of the link, where halving-doubling's halved blocks win.
+  Calibration c = Calibration::builtin();
+  c.parse("tcp 5.2e-4 8e-10 3.3333e-10 2e-5 3.2e-10\n", "vpc.cal");
+  const TuningTable none = table("");
+  SelectQuery q = query(CollType::kAllreduce, 512 * 1024, 16, "tcp");
+  q.hosts = 16;
+  EXPECT_STREQ(selectAlgorithm(q, none, c, false).pick->name, "recursive_doubling");
+  q.link_flows = 8;
+  const Selection s = selectAlgorithm(q, none, c, true);
+  EXPECT_STREQ(s.pick->name, "halving_doubling");
+  EXPECT_DOUBLE_EQ(s.params.beta, 8 * 3.2e-10);  // the share, not the per-flow cap
+  EXPECT_EQ(s.params.link_beta, 0);
+}
