@@ -522,14 +522,21 @@ TEST(Select, ALegCostsWhatTheLegsOwnSelectorRuns) {
   EXPECT_EQ(hier::legSeconds(CollType::kAllgather, 1024, 1, "tcp", longline), 0);
 }
 
+namespace {
+// A VPC line between hosts (1.25 GB/s per flow, 3.125 GB/s per host link) with `alpha`.
+TransportParams vpcLine(double alpha, double overhead) {
+  TransportParams t{alpha, 8e-10, 3.33e-10, overhead};
+  t.link_beta = 3.2e-10;
+  return t;
+}
+}  // namespace
+
 TEST(Select, ATreeAcrossHostsPaysItsBusiestHostLink) {
   // allreduce tree on 8 hosts x 8 ranks, a VPC line (1.25 GB/s per flow, 3.125 GB/s per host):
   // 22 of its 126 edges cross hosts, and the busiest host has 6 crossing edge ends carrying n/2
   // each way, so its link moves 3n. The host-aware cost must charge that (a count of 1 per host,
   // or the flat cost's every byte at one flow's rate, 2.2 x this, both fail).
-  const TransportParams in{31e-6, 1.25e-10, 3.33e-10, 30e-6};
-  TransportParams ex{80e-6, 8e-10, 3.33e-10, 30e-6};
-  ex.link_beta = 3.2e-10;
+  const TransportParams in{31e-6, 1.25e-10, 3.33e-10, 30e-6}, ex = vpcLine(80e-6, 30e-6);
   const Algorithm* tree = findAlgorithm(CollType::kAllreduce, "tree");
   ASSERT_TRUE(tree && tree->flat_hier_cost);
   const double n = 256.0 * (1 << 20);
@@ -548,9 +555,7 @@ TEST(Select, TheRingAcrossHostsHidesItsLatenciesBehindTheHostLink) {
   // previous host's step plus 7 hops inside the host, so each step costs the slower of one
   // chunk through the host link and an eighth of that chain. Replayed in SimGrid: 55.4 ms; the
   // sum of the latency and bandwidth terms said 69 ms, the bandwidth term alone 27 ms.
-  const TransportParams in{21e-6, 1.25e-10, 3.33e-10, 20e-6};
-  TransportParams ex{520e-6, 8e-10, 3.33e-10, 20e-6};
-  ex.link_beta = 3.2e-10;
+  const TransportParams in{21e-6, 1.25e-10, 3.33e-10, 20e-6}, ex = vpcLine(520e-6, 20e-6);
   const Algorithm* ring = findAlgorithm(CollType::kAllreduce, "ring");
   ASSERT_TRUE(ring && ring->flat_hier_cost);
   const double n = 16.0 * (1 << 20), p = 256;
@@ -570,8 +575,7 @@ TEST(Select, ConcurrentFlowsOnACappedLineShareTheHostLink) {
   // 31 flows of 8 MB at once from one rank (allgather direct, alltoall pairwise, scatter linear:
   // a leaders' leg across 32 hosts) on a line capping each flow at 1.25 GB/s under a 3.125 GB/s
   // link: 83 ms through the link, not 31 x 6.7 ms at the cap.
-  TransportParams ex{520e-6, 8e-10, 3.33e-10, 20e-6};
-  ex.link_beta = 3.2e-10;
+  const TransportParams ex = vpcLine(520e-6, 20e-6);
   const double n = 8.0 * (1 << 20);
   for (auto [coll, name] : {std::pair{CollType::kAllgather, "direct"}, std::pair{CollType::kAlltoall, "pairwise"},
                             std::pair{CollType::kScatter, "linear"}, std::pair{CollType::kGather, "linear"}}) {
