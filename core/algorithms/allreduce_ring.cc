@@ -45,7 +45,7 @@ double ringAllreduceCost(double n, int p, const TransportParams& t) {
 // latency. Large ones: 2(p-1)/p·n·b_e, the host link streaming one chunk after
 // another with latencies and reductions hidden behind it. (Replayed in SimGrid,
 // 64-256 ranks, 16 MB, RTT 0.1 and 1 ms: within 1% at all six points; the sum of
-// the latency and bandwidth terms was 1.04-1.40 x the replay, results/sim.)
+// the latency and bandwidth terms was 1.13-1.40 x the replay, results/sim.)
 double ringAllreduceHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const double L = s.local, p = s.hosts * L;
   const double be = n / p * ex.beta, bi = n / p * in.beta, g = n / p * ex.gamma, b = std::max(be, bi);
