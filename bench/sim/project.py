@@ -20,15 +20,16 @@ messages is not replayed (its cell says so), nor one whose replay passes
 linked, the built-in tuning table, a calibration made from the platform's
 constants) for each point and compares its pick's simulated time with the best
 simulated algorithm's: goal within 5%. Simulated times are cached (--cache) with
-the SHA-256 of the schedule each was replayed from: a later run emits every
-schedule again and replays only the cells whose schedule changed (a cost model
-change moves a hierarchical algorithm's legs, nothing else), so a selector
-change is re-checked without replaying the rest.
+the SHA-256 of what each was replayed from (inputs_digest: schedule, platform,
+replayer): a later run emits every schedule again and replays only the cells
+whose inputs changed (a cost model change moves a hierarchical algorithm's legs,
+nothing else), so a selector change is re-checked without replaying the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -113,6 +114,12 @@ def sched_args(coll: str, algo: str, p: int, nbytes: int) -> list:
 BURST = ("direct", "pairwise")
 
 
+@functools.cache
+def replayer_source() -> bytes:
+    """harp_replay.cc, read once per run (inputs_digest hashes it into every cell's digest)."""
+    return (ROOT / "bench/sim/replay/harp_replay.cc").read_bytes()
+
+
 def inputs_digest(path: str, spec: platforms.Spec) -> str:
     """SHA-256 of what a replay's time follows from: the schedule, the platform, the replayer's
     flags and its source (a change to the replayer's model invalidates every cell)."""
@@ -120,7 +127,7 @@ def inputs_digest(path: str, spec: platforms.Spec) -> str:
     with open(path, "rb") as f:
         h.update(hashlib.file_digest(f, "sha256").digest())
     h.update(f"{replay.spec_arg(spec)} {' '.join(REPLAY_FLAGS)}".encode())
-    h.update((ROOT / "bench/sim/replay/harp_replay.cc").read_bytes())
+    h.update(replayer_source())
     return h.hexdigest()
 
 
@@ -384,11 +391,15 @@ def main() -> None:
             old[(c["platform"], c["coll"], c["p"], c["algo"], c["size"])] = c
     jobs = [(name, coll, p, algo, n) for p in RANKS for name in VPCS for coll in colls for n in SIZES
             for algo in ALGOS[coll]]
-    # A cached cell is reused when its schedule is unchanged (cell() emits it and compares the
-    # hash); one whose replay ran out of time is kept as it is (--retry-timeouts replays it).
-    todo = [j for j in jobs if j not in old or not (
-        not a.retry_timeouts and old[j].get("skipped", "").startswith("replay over") or
-        a.no_verify and ("us" in old[j] or "skipped" in old[j]))]
+    def settled(c: dict) -> bool:
+        """A cached cell not to emit again: one whose replay ran out of time (unless
+        --retry-timeouts), and with --no-verify any with a time or a reason. The rest go to
+        cell(), which emits the schedule and replays only if its inputs' hash changed."""
+        if not a.retry_timeouts and c.get("skipped", "").startswith("replay over"):
+            return True
+        return a.no_verify and ("us" in c or "skipped" in c)
+
+    todo = [j for j in jobs if j not in old or not settled(old[j])]
     if a.picks_only:
         todo = []
     print(f"project: {len(jobs)} cells, {len(todo)} to emit, {sum(j not in old for j in todo)} of them not in "

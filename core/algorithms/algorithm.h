@@ -39,6 +39,16 @@ inline double sharedLinkSeconds(const TransportParams& t, double bytes, double f
   return bytes * (t.beta > flows * link ? t.beta : flows * link);
 }
 
+// The line as one of `flows` flows crossing the host's link at once sees it: each gets its
+// share of the link (no more than one flow's rate), and has the link to itself at that rate.
+inline TransportParams sharedBy(TransportParams t, int flows) {
+  if (flows > 1) {
+    t.beta = sharedLinkSeconds(t, 1, flows);
+    t.link_beta = 0;
+  }
+  return t;
+}
+
 // What each further message of a burst adds: overhead, at most alpha (0: alpha).
 inline double messageOverhead(const TransportParams& t) {
   return t.overhead > 0 && t.overhead < t.alpha ? t.overhead : t.alpha;

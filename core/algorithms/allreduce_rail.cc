@@ -145,9 +145,7 @@ double railCost(double n, const HierShape& s, const TransportParams& in, const T
   const double L = s.local;
   const double pieces = n > kDefaultPieceBytes ? std::ceil(n / kDefaultPieceBytes) : 1;
   const double block = n / pieces / L;
-  TransportParams rail = ex;
-  rail.beta = sharedLinkSeconds(ex, 1, L);  // L rails share the host's link, none faster than one flow
-  rail.link_beta = 0;
+  const TransportParams rail = sharedBy(ex, s.local);  // L rails share the host's link, as their calls say
   const double intra = hier::legSeconds(CollType::kReduceScatter, block, s.local, "shm", in) +
                        hier::legSeconds(CollType::kAllgather, block, s.local, "shm", in);
   const double inter = hier::legSeconds(CollType::kAllreduce, block, s.hosts, "tcp", rail);

@@ -50,7 +50,7 @@ SelectQuery queryOf(const CollArgs& a, int ranks, const std::string& transport, 
   q.max_local = topo.max_local;
   q.blocked = topo.blocked;
   q.hier_auto = hier;
-  q.link_flows = std::max(1, a.opts.link_flows);
+  q.link_flows = a.opts.link_flows;
   return q;
 }
 

@@ -171,13 +171,9 @@ Selection selectAlgorithm(const SelectQuery& query, const TuningTable& table, co
   q.intra = cal.params("shm");
   q.inter = cal.params("tcp");
   Selection s;
-  s.params = cal.params(std::string(q.transport));
-  if (q.link_flows > 1) {  // this call's flows get their share of the host link, no more
-    for (TransportParams* t : {&s.params, &q.inter}) {
-      t->beta = sharedLinkSeconds(*t, 1, q.link_flows);
-      t->link_beta = 0;
-    }
-  }
+  // A call whose flows share the host link with link_flows - 1 others (rail's rails) sees its share.
+  s.params = sharedBy(cal.params(std::string(q.transport)), q.link_flows);
+  q.inter = sharedBy(q.inter, q.link_flows);
   if (!q.user_algo.empty()) {
     s.source = PickSource::kUser;
     s.why = "algo= argument";

@@ -67,7 +67,7 @@ struct SelectQuery {
   bool blocked = false;              // every host's ranks are consecutive (launchers' block placement)
   bool hier_auto = true;             // HARP_HIER: the selector may pick hierarchical algorithms itself
   // Calls like this one crossing each host's link at once (CollOptions::link_flows): the line's
-  // per-flow rate becomes their share of the host link, sharedLinkSeconds(t, 1, link_flows).
+  // per-flow rate becomes their share of the host link (sharedBy(t, link_flows)).
   int link_flows = 1;
   // Parameters of the legs inside / between hosts for HierCostFn; selectAlgorithm
   // fills them from the calibration (shm's and tcp's lines).

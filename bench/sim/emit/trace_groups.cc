@@ -2,7 +2,6 @@
 // algorithms (frames.h): a Group (core/algorithms/group.h) whose run() runs
 // the leg's algorithm for this rank at once, in a nested Context on the leg's
 // frame, recording into the same Schedule.
-#include <algorithm>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -45,7 +44,7 @@ std::string legAlgorithm(const CollArgs& a, int comm, int size) {
   q.min_local = q.max_local = 1;
   if (comm == 1) q.min_local = q.max_local = size;
   q.blocked = true;
-  q.link_flows = std::max(1, a.opts.link_flows);
+  q.link_flows = a.opts.link_flows;
   return selectAlgorithm(q, *pol.table, *pol.cal, false).pick->name;
 }
 
