@@ -8,7 +8,9 @@
                     # ("W", (ids...)), ("X", kind, bytes), ("A", job), ("E",), ("J", job)
 
 harp_sched is built on first use (bench/sim/build_emitter.sh) and rebuilt
-when a source under bench/sim/emit/ or core/algorithms/ is newer.
+when a file it is built from is newer: bench/sim/emit/, core/ and base/ (it
+compiles the selector, the tuning table and base/ beside the algorithms, and
+includes their headers) or the build script.
 """
 
 from __future__ import annotations
@@ -85,8 +87,10 @@ def build_if_stale(binary: Path, script: str, srcs: list) -> Path:
 
 
 def ensure_built() -> Path:
-    srcs = list((ROOT / "bench/sim/emit").glob("*")) + list((ROOT / "core/algorithms").rglob("*.cc"))
-    return build_if_stale(BINARY, "bench/sim/build_emitter.sh", srcs)
+    # Not only core/algorithms: a change to core/select (the legs' picks, --pick) or the tuning
+    # table left a stale harp_sched answering with the old selector.
+    srcs = [f for d in ("bench/sim/emit", "core", "base") for f in (ROOT / d).rglob("*") if f.is_file()]
+    return build_if_stale(BINARY, "bench/sim/build_emitter.sh", srcs + [ROOT / "bench/sim/build_emitter.sh"])
 
 
 def emit_args(algo: str | None, p: int, nbytes: int, hosts: int = 1, compress: str | None = None,
