@@ -120,22 +120,27 @@ def replayer_source() -> bytes:
     return (ROOT / "bench/sim/replay/harp_replay.cc").read_bytes()
 
 
-def inputs_digest(path: str, spec: platforms.Spec) -> str:
+def inputs_digest(path: str, spec: platforms.Spec, source: bytes | None = None) -> str:
     """SHA-256 of what a replay's time follows from: the schedule, the platform, the replayer's
-    flags and its source (a change to the replayer's model invalidates every cell)."""
+    flags and its source (`source`, default today's: a change to the replayer invalidates every
+    cell, unless --restamp-from shows the change kept their times)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         h.update(hashlib.file_digest(f, "sha256").digest())
     h.update(f"{replay.spec_arg(spec)} {' '.join(REPLAY_FLAGS)}".encode())
-    h.update(replayer_source())
+    h.update(replayer_source() if source is None else source)
     return h.hexdigest()
 
 
 def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: dict,
-         max_burst_msgs: int | None = None, cached: dict | None = None) -> dict:
+         max_burst_msgs: int | None = None, cached: dict | None = None, old_source: bytes | None = None) -> dict:
     """One cell: its schedule emitted, and replayed unless `cached` (the cache's cell) was
     replayed from the same inputs (inputs_digest, "sched"), as it is after a change that
-    moved no message of it (a hierarchical algorithm's legs follow the selector's costs)."""
+    moved no message of it (a hierarchical algorithm's legs follow the selector's costs).
+    A cell over this run's message budget that a run with a larger one replayed is kept as
+    cached (marked "unverified": its schedule is not emitted whole, so not checked). With
+    `old_source` (--restamp-from), a cached cell whose inputs differ from today's only by the
+    replayer's source being that one is returned "restamp": main checks a sample before trusting it."""
     name, coll, p, algo, size = job
     if algo in BURST and max_burst_msgs is not None:
         max_msgs = min(max_msgs, max_burst_msgs)
@@ -149,6 +154,8 @@ def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: 
                                                    "--calibration", cal_files[name]]
         e = subprocess.run(args, capture_output=True, text=True, timeout=600)
         if e.returncode == 3:
+            if cached and "us" in cached:  # replayed by a run with a larger budget: kept, not checked
+                return dict(cached, reused=True, unverified=True)
             out["skipped"] = f"more than {max_msgs} messages"
             return out
         if e.returncode != 0:
@@ -157,6 +164,8 @@ def cell(job: tuple, o_send: float, max_msgs: int, timeout_s: float, cal_files: 
         out["sched"] = inputs_digest(path, spec)
         if cached and cached.get("sched") == out["sched"] and "us" in cached:
             return dict(cached, reused=True)
+        if old_source and cached and "us" in cached and cached.get("sched") == inputs_digest(path, spec, old_source):
+            return dict(cached, sched=out["sched"], restamp=True)
         t0 = time.monotonic()
         try:
             r = replay.simulate_file(path, spec, timeout_s=timeout_s, extra=REPLAY_FLAGS)
@@ -313,7 +322,8 @@ def markdown(cells: list, rows: list, o_send: float, command: str) -> str:
                         ("platform", "coll", "p", "size", "pick", "best", "ratio")}) for r in known if not r["ok"]]
     out += ["The check as JSON (every point: results/sim/projection.json):", "", "```json",
             f'{{"goal": {GOAL}, "points_complete": {len(known)}, "within_goal": {ok}, '
-            f'"open": {len(rows) - len(known)}, "misses": [', ",\n".join(miss), "]}", "```", ""]
+            f'"open": {len(rows) - len(known)}, "misses": [' + ("]}" if not miss else ""),
+            *([",\n".join(miss), "]}"] if miss else []), "```", ""]
     return "\n".join(out)
 
 
@@ -346,6 +356,36 @@ def plot(cells: list, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def check_restamps(new: list, k: int, rev: str, replay_cell) -> None:
+    """--restamp-from: replay again up to k of the cells marked "restamp" (the cheapest of each
+    algorithm in turn); if every one gives its cached time, all of them keep theirs (stamped with
+    today's inputs, "restamped_from" rev); else exit, naming the cells that moved."""
+    keys = ("platform", "coll", "p", "algo", "size")
+    marked = [c for c in new if c.get("restamp")]
+    by_algo: dict = {}
+    for c in sorted(marked, key=lambda c: c.get("wall_s", 0)):
+        by_algo.setdefault((c["coll"], c["algo"]), []).append(c)
+    sample = []
+    while len(sample) < min(k, len(marked)):
+        for group in by_algo.values():
+            if group and len(sample) < k:
+                sample.append(group.pop(0))
+    with ThreadPoolExecutor(2) as ex:
+        again = list(ex.map(lambda c: replay_cell(tuple(c[x] for x in keys)), sample))
+    moved = [(c, r) for c, r in zip(sample, again) if "us" not in r or abs(r["us"] - c["us"]) > 1e-6 * c["us"]]
+    for c, r in moved:
+        print(f"project: {tuple(c[x] for x in keys)}: cached {c['us']:.3f} us, replayed now "
+              f"{r.get('us', r.get('skipped'))}", file=sys.stderr)
+    if moved:
+        sys.exit(f"project: --restamp-from {rev}: {len(moved)} of {len(sample)} checked cells moved; "
+                 "replay without it")
+    print(f"project: --restamp-from {rev}: {len(sample)} of {len(marked)} cells replayed again, every time "
+          "the same; the rest keep theirs", file=sys.stderr, flush=True)
+    for c in marked:
+        del c["restamp"]
+        c["restamped_from"] = rev
+
+
 def main() -> None:
     global RANKS, SIZES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -370,6 +410,11 @@ def main() -> None:
                     "schedules to check that they are unchanged")
     ap.add_argument("--retry-timeouts", action="store_true", help="replay again the cells whose replay ran "
                     "out of --timeout")
+    ap.add_argument("--restamp-from", metavar="REV", help="a replayer change that keeps every time (a new flag, "
+                    "a refactor): cells replayed by REV's harp_replay.cc, their schedules unchanged, keep their "
+                    "times if a sample of them (--restamp-check) replayed again gives the same times")
+    ap.add_argument("--restamp-check", type=int, default=16, help="cells replayed to check --restamp-from "
+                    "(the cheapest of each algorithm in turn)")
     a = ap.parse_args()
     RANKS = tuple(int(x) for x in a.ranks.split(","))
     SIZES = tuple(int(x) for x in a.sizes.split(","))
@@ -405,9 +450,17 @@ def main() -> None:
     print(f"project: {len(jobs)} cells, {len(todo)} to emit, {sum(j not in old for j in todo)} of them not in "
           "the cache", file=sys.stderr, flush=True)
 
+    unverified = []
+    old_source = None
+    if a.restamp_from:
+        old_source = subprocess.run(["git", "show", f"{a.restamp_from}:bench/sim/replay/harp_replay.cc"], cwd=ROOT,
+                                    capture_output=True, check=True).stdout
+
     def run(j):
-        c = cell(j, o_send, a.max_msgs, a.timeout, cal_files, a.max_burst_msgs, old.get(j))
-        if c.pop("reused", False):
+        c = cell(j, o_send, a.max_msgs, a.timeout, cal_files, a.max_burst_msgs, old.get(j), old_source)
+        if c.pop("unverified", False):
+            unverified.append(j)
+        if c.pop("reused", False) or c.get("restamp"):
             return c
         with open(a.cache, "a") as f:  # one write per line: the two threads' lines do not mix
             f.write(json.dumps(c) + "\n")
@@ -416,6 +469,13 @@ def main() -> None:
 
     with ThreadPoolExecutor(a.jobs) as ex:
         new = list(ex.map(run, todo))
+    if any(c.get("restamp") for c in new):
+        check_restamps(new, a.restamp_check, a.restamp_from,
+                       lambda j: cell(j, o_send, a.max_msgs, a.timeout, cal_files, a.max_burst_msgs))
+    if unverified:
+        print(f"project: {len(unverified)} cached cells over this run's message budget kept unchecked (run with "
+              f"the budget that replayed them to check them): {', '.join(map(str, sorted(unverified)[:6]))}"
+              f"{', ...' if len(unverified) > 6 else ''}", file=sys.stderr, flush=True)
     merged = {**old, **{tuple(c[k] for k in ("platform", "coll", "p", "algo", "size")): c for c in new}}
     cells = list(merged.values())  # the cache's cells of other ranks and sizes too
     if new:  # the cache compacted: one line per cell, the latest

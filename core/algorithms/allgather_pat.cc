@@ -28,7 +28,8 @@
 // messages (ceil(log2 p) for A = P/2, p - 1 for A = 1), c = the blocks that
 // travel in messages of more than one block (each gathered and scattered
 // once; 0 for A = 1), 1 = the own block's move. HARP_SEGMENT_BYTES at its
-// default 512 KiB.
+// default 512 KiB. On hosts (flat_hier_cost) plus pat::hostLinkExcess: the
+// p/L - 1 blocks that all L ranks of a host send across at once share its link.
 #include "core/algorithms/pat.h"
 #include "core/algorithms/registry.h"
 
@@ -80,8 +81,16 @@ double patCost(double n, int p, const TransportParams& t) {
   for (int j = 0; j < s.dims(); ++j) packed += s.dimCount(j) > 1 ? s.dimCount(j) : 0;
   return s.messages() * t.alpha + (p - 1) * n * t.beta + (1 + 2 * packed) * n * t.gamma;
 }
+
+// On hosts of L consecutive ranks: the flat cost over the host link plus pat::hostLinkExcess.
+double patHostsCost(double n, const HierShape& sh, const TransportParams&, const TransportParams& ex) {
+  constexpr double kSegment = 512 * 1024;
+  const int p = sh.hosts * sh.local;
+  return patCost(n, p, ex) + pat::hostLinkExcess(pat::plan(p, n, kSegment), n, sh.local, ex);
+}
 }  // namespace
 
-HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "pat", .fn = allgatherPat, .cost = patCost});
+HARP_REGISTER_ALGORITHM({.coll = CollType::kAllgather, .name = "pat", .fn = allgatherPat, .cost = patCost,
+                         .flat_hier_cost = patHostsCost});
 
 }  // namespace harp

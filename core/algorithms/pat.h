@@ -95,6 +95,29 @@ inline Plan plan(int p, double b, double msg) {
   return s;
 }
 
+// Blocks one rank sends on edges of length >= L: on hosts of L consecutive
+// ranks, the messages every rank of a host sends across at once (phase I's
+// groups with lowbit(g) >= L, phase II's dimensions with 2^j·G >= L). Each
+// block of another host reaches a rank's tree once over such an edge, so for
+// a power-of-two L dividing p this is p/L - 1 (63 at 512 ranks of 8).
+inline int hostLinkBlocks(const Plan& s, int L) {
+  int b = 0;
+  for (int g = 1; g < s.G; ++g) b += lowbit(g) >= L ? s.count(g) : 0;
+  for (int j = 0; j < s.dims(); ++j) b += (1 << j) * s.G >= L ? s.dimCount(j) : 0;
+  return b;
+}
+
+// What hosts add to the flat cost (`ex`, one flow per message): the blocks on
+// edges of length >= L go all L ranks of a host at once through its link
+// (sharedLinkSeconds with L flows), not at one flow's rate. The shorter edges,
+// crossed by fewer ranks of a host at a time (or none), are left at the flat
+// price. Shared by reduce_scatter and allgather `pat` (flat_hier_cost).
+inline double hostLinkExcess(const Plan& s, double n, int L, const TransportParams& ex) {
+  if (L < 2) return 0;
+  const double extra = sharedLinkSeconds(ex, n, L) - n * ex.beta;
+  return extra > 0 ? hostLinkBlocks(s, L) * extra : 0;
+}
+
 // Reduce-scatter's scratch, in units of b (one slice of a block): log2 G
 // partial-sum buffers of A blocks, one receive buffer of A blocks, and for
 // A > 1 the leaves' gathering buffer of A blocks: (L + 1) blocks for A = 1,

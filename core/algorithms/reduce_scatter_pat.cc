@@ -39,6 +39,8 @@
 // messages of the plan (ceil(log2 p) for A = P/2, p - 1 for A = 1) times the
 // slices, c = the blocks gathered into messages for A > 1 (about p for A = P/2,
 // Bruck's rotation; 0 for A = 1). HARP_SEGMENT_BYTES at its default 512 KiB.
+// On hosts (flat_hier_cost) plus pat::hostLinkExcess: the p/L - 1 blocks that
+// all L ranks of a host send across at once share its link.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -127,9 +129,17 @@ double patCost(double n, int p, const TransportParams& t) {
   const pat::Plan s = pat::plan(p, std::min(n, kSegment), kSegment);
   return slices * s.messages() * t.alpha + (p - 1) * n * (t.beta + t.gamma) + s.gatherCopies() * n * t.gamma;
 }
+
+// On hosts of L consecutive ranks: the flat cost over the host link plus pat::hostLinkExcess.
+double patHostsCost(double n, const HierShape& sh, const TransportParams&, const TransportParams& ex) {
+  constexpr double kSegment = 512 * 1024;
+  const int p = sh.hosts * sh.local;
+  return patCost(n, p, ex) + pat::hostLinkExcess(pat::plan(p, std::min(n, kSegment), kSegment), n, sh.local, ex);
+}
 }  // namespace
 
 HARP_REGISTER_ALGORITHM({.coll = CollType::kReduceScatter, .name = "pat", .fn = reduceScatterPat,
-                         .restrictions = {.commutative_op = true}, .cost = patCost, .fallback = "ring"});
+                         .restrictions = {.commutative_op = true}, .cost = patCost, .fallback = "ring",
+                         .flat_hier_cost = patHostsCost});
 
 }  // namespace harp

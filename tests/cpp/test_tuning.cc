@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/algorithms/hier.h"
+#include "core/algorithms/pat.h"
 #include "core/algorithms/registry.h"
 #include "core/engine/context.h"
 #include "core/select/cost.h"
@@ -606,4 +607,53 @@ TEST(Select, RailsSharingTheHostLinkPickForTheirShare) {
   EXPECT_STREQ(s.pick->name, "halving_doubling");
   EXPECT_DOUBLE_EQ(s.params.beta, 8 * 3.2e-10);  // the share, not the per-flow cap
   EXPECT_EQ(s.params.link_beta, 0);
+}
+
+TEST(Select, PatOnHostsPaysForTheBlocksEveryRankSendsAcross) {
+  // pat on 64 hosts x 8 ranks of a VPC line at 100 us (1.25 GB/s per flow, 3.125 GB/s per host):
+  // the 63 blocks a rank sends on tree edges of 8 ranks or more go with the host's 7 other ranks'
+  // through its link at once, an eighth of it each. Replayed, reduce_scatter of 512 KB blocks:
+  // pat 363.5 ms, the ring 339.9; the flat cost had tied them at 339.4 and picked pat.
+  const TransportParams in{21e-6, 1.25e-10, 3.33e-10, 20e-6}, ex = vpcLine(70e-6, 20e-6);
+  const double n = 512.0 * 1024;
+  EXPECT_EQ(pat::hostLinkBlocks(pat::plan(512, n, 512 * 1024), 8), 63);      // one block a message
+  EXPECT_EQ(pat::hostLinkBlocks(pat::plan(512, 32768, 512 * 1024), 8), 63);  // 16 blocks a message
+  EXPECT_EQ(pat::hostLinkBlocks(pat::plan(512, n, 512 * 1024), 1), 511);     // one rank a host: all
+  for (CollType coll : {CollType::kReduceScatter, CollType::kAllgather}) {
+    const Algorithm* pat = findAlgorithm(coll, "pat");
+    ASSERT_TRUE(pat && pat->cost && pat->flat_hier_cost);
+    const double excess = pat->flat_hier_cost(n, HierShape{64, 8}, in, ex) - pat->cost(n, 512, ex);
+    EXPECT_NEAR(excess, 63 * n * (8 * ex.link_beta - ex.beta), 1e-9);
+    TransportParams wide = ex;  // a link with room for 8 flows at the cap: sharing it costs nothing
+    wide.link_beta = ex.beta / 8;
+    EXPECT_NEAR(pat->flat_hier_cost(n, HierShape{64, 8}, in, wide), pat->cost(n, 512, wide), 1e-12);
+  }
+  const Algorithm* ring = findAlgorithm(CollType::kReduceScatter, "ring");
+  const Algorithm* pat = findAlgorithm(CollType::kReduceScatter, "pat");
+  ASSERT_TRUE(ring && ring->cost);  // the ring: one rank a host crosses at a step, at one flow's rate
+  EXPECT_LT(ring->cost(n, 512, ex), pat->flat_hier_cost(n, HierShape{64, 8}, in, ex));
+}
+
+TEST(Select, BruckAlltoallPaysItsCopies) {
+  // Bruck's alltoall copies (rotations, packs, unpacks) cost at gamma: flat, every one is on the
+  // path; on hosts only the two rotations, the first pack and the last unpack are. Replayed on 64
+  // hosts x 8 of the 100 us VPC line, 2 KB blocks: Bruck 11.20 ms, pairwise about 10.2 (the model
+  // without copies said Bruck 10.19, pairwise 10.27, and picked Bruck); 1 KB blocks on 128 hosts:
+  // Bruck 12.5 ms, pairwise about 20.5.
+  const Algorithm* bruck = findAlgorithm(CollType::kAlltoall, "bruck");
+  const Algorithm* pairwise = findAlgorithm(CollType::kAlltoall, "pairwise");
+  ASSERT_TRUE(bruck && bruck->cost && bruck->flat_hier_cost && pairwise && pairwise->flat_hier_cost);
+  const TransportParams in{21e-6, 1.25e-10, 3.33e-10, 20e-6}, ex = vpcLine(70e-6, 20e-6);
+  TransportParams nocopy = ex;
+  nocopy.gamma = 0;
+  const double n = 2048;
+  // p = 12: steps of m = 6, 6, 4, 4 blocks: 2·12 + 2·20 blocks copied.
+  EXPECT_NEAR(bruck->cost(n, 12, ex) - bruck->cost(n, 12, nocopy), (2 * 12 + 2 * 20) * n * ex.gamma, 1e-12);
+  TransportParams innocopy = in;
+  innocopy.gamma = 0;
+  // 512 ranks: m = 256 at the first and the last step.
+  EXPECT_NEAR(bruck->flat_hier_cost(n, HierShape{64, 8}, in, ex) - bruck->flat_hier_cost(n, HierShape{64, 8}, innocopy, nocopy),
+              (2 * 512 + 256 + 256) * n * ex.gamma, 1e-12);
+  EXPECT_LT(pairwise->flat_hier_cost(n, HierShape{64, 8}, in, ex), bruck->flat_hier_cost(n, HierShape{64, 8}, in, ex));
+  EXPECT_LT(bruck->flat_hier_cost(1024, HierShape{128, 8}, in, ex), pairwise->flat_hier_cost(1024, HierShape{128, 8}, in, ex));
 }
