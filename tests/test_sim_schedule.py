@@ -222,6 +222,31 @@ def test_one_connections_messages_share_its_flow_cap(engine):
     assert n / cap <= two * (1 + 1e-6) and two < n / cap * 1.02 + 1e-3, (two, n / cap)
 
 
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_the_timed_mean_starts_after_the_warm_up(engine):
+    """A benchmark's loop: rank 0 sends 64 KB to rank 1 per call through a tbf bucket of 256 KB
+    at 10 x the link rate. The first calls pass on the bucket's tokens; once drained, a call
+    takes 64 KB at the link rate. Timed after 5 warm-up calls (--warmup 5) the mean is the link
+    rate's; after 1 (the default) it includes the three still on tokens, and is faster."""
+    import platforms  # noqa: PLC0415
+
+    n, link = 65536, 119.6e6
+    text = f"# harp-schedule 1 coll=test algo=send p=2 bytes={n} hosts=2\nR 0\nS 0 1 {n} 0\nW 0\nR 1\nV 0 0 {n} 0\nW 0\n"
+    spec = platforms.Spec(hosts=2, link_Bps=link, rtt_s=0, send_overhead_s=0, burst_B=262144, burst_Bps=10 * link)
+    warm5, warm1, default = _in_system_python([
+        f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})",
+        f"s = schedule.parse({text!r})",
+        f"print(*(replay.simulate(s, spec, iterations=20, warmup=w, engine={engine!r}) for w in (5, 1, None)))"])
+    assert warm5 == pytest.approx(n / link, rel=0.02), (warm5, n / link)
+    assert warm1 < 0.9 * warm5, (warm1, warm5)
+    assert default == warm1
+    import replay  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="warmup 3 must be 0 .. iterations - 1"):
+        replay.warmup_of(3, 3)
+
+
 # Schedules and platforms both replayers see: the arena (tbf bucket, 3 back-to-back iterations,
 # 1 rank per host) and the VPC (8 ranks per host, split-duplex NICs, per-flow cap).
 AGREE = [

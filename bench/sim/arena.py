@@ -35,6 +35,8 @@ class Point:
     algo: str
     nbytes: int
     us: float
+    iters: int = 1     # the benchmark's timed calls of this size, back to back
+    warmup: int = 0    # and its untimed calls before them (the replay runs both: calibrate.py)
 
 
 def auto_algo(nbytes: int) -> str:
@@ -52,6 +54,15 @@ def _median(runs: list, size: str) -> float:
     return statistics.median(vals)
 
 
+def _loop(sweeps: list, nbytes: int) -> tuple:
+    """(iterations, warm-up) of the sweep that measured `nbytes`: tuner_bench.py's SWEEPS,
+    (min, max, factor, iterations, warm-up), recorded in each file."""
+    for lo, hi, _, iters, warmup in sweeps:
+        if lo <= nbytes <= hi:
+            return iters, warmup
+    raise ValueError(f"arena: no sweep of {sweeps} measured {nbytes} bytes")
+
+
 def _tuner(path: Path, algos: tuple = FORCED) -> list:
     d = json.loads(path.read_text())
     out = []
@@ -63,7 +74,8 @@ def _tuner(path: Path, algos: tuple = FORCED) -> list:
             if not runs:
                 continue
             for size in runs[0]:
-                out.append(Point(path.name, hosts, rtt, algo, int(size), _median(runs, size)))
+                out.append(Point(path.name, hosts, rtt, algo, int(size), _median(runs, size),
+                                 *_loop(d["sweeps"], int(size))))
     return out
 
 
@@ -72,7 +84,10 @@ def _quiet(path: Path) -> list:
     out = []
     for hosts, v in d["by_hosts"].items():
         for size, s in v["summary"]["harp"].items():
-            out.append(Point(path.name, int(hosts), 0.0, auto_algo(int(size)), int(size), s["us_median"]))
+            # arena_bench.py's sweeps at its defaults (the file's command sets neither):
+            # 8 B x 200 after 20, 1-64 MB x 5 after 2
+            loop = (200, 20) if int(size) < (1 << 20) else (5, 2)
+            out.append(Point(path.name, int(hosts), 0.0, auto_algo(int(size)), int(size), s["us_median"], *loop))
     return out
 
 

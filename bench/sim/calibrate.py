@@ -20,6 +20,10 @@ The arena platform's constants, and where each comes from:
                     max(256 KB, 2 ms at the rate) (python/harp/cluster/net.py): a message the
                     bucket covers leaves at veth speed (10 Gbit/s assumed), a longer one waits
                     for the tokens (replay.py holds it)
+  the loop          each point replays the benchmark's loop of its size: the warm-up calls
+                    and the timed ones back to back, the mean over the timed (arena.Point
+                    iters, warmup: 40 after 5 up to 64 KB, 8 after 2 to 4 MB, 2 after 1
+                    above), so the bucket is as drained as the measured loop left it
   cores (--cores)   0: each emulated host its own core; N: every rank's CPU work on N shared
                     cores (the arena runs all its hosts on this machine's cores), and a wait
                     that blocks ends wake_s x (ranks - N) / N late (WAKES, fitted with the rest)
@@ -49,7 +53,6 @@ SEND_OVERHEADS = (1e-6, 2e-6, 3e-6, 5e-6, 10e-6, 20e-6, 30e-6, 45e-6)
 BASE_RTTS = (10e-6, 20e-6, 42e-6)
 DELAY_SCALES = (0.8, 0.9, 1.0)
 WAKES = (0.0, 10e-6, 20e-6, 30e-6)  # --cores N only: Spec.wake_s, a blocked rank's wait for a core
-ITERATIONS = 3  # back to back, as the benchmark loops: the tbf bucket's steady state  # delivered / asked added delay (the delay line's own accuracy)
 
 
 def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> float:
@@ -57,7 +60,9 @@ def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_sca
     if key not in cache:
         cache[key] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec = base.but(hosts=pt.hosts, local=1, rtt_s=base.rtt_s + delay_scale * pt.rtt_us * 1e-6)
-    return replay.simulate(cache[key], spec, iterations=ITERATIONS) * 1e6
+    # the benchmark's loop: its warm-up calls, then the timed ones, back to back (the tbf
+    # bucket as drained as the measured loop left it; the mean over the timed calls)
+    return replay.simulate(cache[key], spec, iterations=pt.warmup + pt.iters, warmup=pt.warmup) * 1e6
 
 
 def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> list:

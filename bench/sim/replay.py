@@ -55,9 +55,10 @@ def spec_arg(spec: platforms.Spec) -> str:
 
 
 def simulate_file(path: str, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1,
-                  extra: tuple = ()) -> dict:
+                  extra: tuple = (), warmup: int | None = None) -> dict:
     """harp_replay on a schedule file: {"sim_seconds", "messages", "wall_seconds"}."""
-    args = [str(ensure_replayer()), "--spec", spec_arg(spec), "--iterations", str(iterations), *extra, path]
+    args = [str(ensure_replayer()), "--spec", spec_arg(spec), "--iterations", str(iterations),
+            *(("--warmup", str(warmup)) if warmup is not None else ()), *extra, path]
     try:
         out = subprocess.run(["nice", "-n", "10", *args], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
@@ -70,12 +71,22 @@ def simulate_file(path: str, spec: platforms.Spec, timeout_s: float = 3600, iter
 X_RATE = {"reduce": 1.0, "narrow": 1.0, "widen": 1.0, "addwide": 1.0, "copy": 1.0}
 
 
+def warmup_of(iterations: int, warmup: int | None) -> int:
+    """The iterations before the timed ones (harp_replay --warmup): None gives 1 where there
+    are several, else 0; it must leave at least one timed."""
+    w = (1 if iterations > 1 else 0) if warmup is None else warmup
+    if not 0 <= w < iterations:
+        raise ValueError(f"replay: warmup {w} must be 0 .. iterations - 1 ({iterations - 1})")
+    return w
+
+
 def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 3600, iterations: int = 1,
-             engine: str = "cpp") -> float:
+             engine: str = "cpp", warmup: int | None = None) -> float:
     """Seconds until the last rank finishes `sched` on `spec`; with iterations > 1 the
     collective runs that many times back to back (as a benchmark loop: no barrier) and
-    the result is the mean time of the iterations after the first (the steady state
-    of a token bucket that the loop keeps drained).
+    the result is the mean time of the iterations after the first `warmup` (None: 1),
+    as a benchmark times its loop after its warm-up calls (a token bucket the loop drains
+    is in the mean as far as the loop drains it).
 
     engine "cpp": harp_replay; "python": SimGrid allows one engine per process (and its
     Python bindings do not survive a fork), so each call replays in a child
@@ -85,14 +96,15 @@ def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 
         with tempfile.NamedTemporaryFile("w", suffix=".sched") as f:
             f.write(sched.text)
             f.flush()
-            return simulate_file(f.name, spec, timeout_s, iterations)["sim_seconds"]
+            return simulate_file(f.name, spec, timeout_s, iterations, warmup=warmup)["sim_seconds"]
     if engine != "python":
         raise ValueError(f"replay: engine must be cpp or python, not {engine!r}")
     if spec.cores > 0:
         raise ValueError("replay: the Python replayer has no shared cores (Spec.cores > 0); use engine='cpp'")
     if any(op[0] in "AJ" for ops in sched.ranks for op in ops):
         raise ValueError("replay: the Python replayer has no lanes (A/E/J lines); use engine='cpp'")
-    job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations})
+    job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations,
+                      "warmup": warmup})
     try:
         out = subprocess.run(["/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable, __file__,
                           "--worker"], input=job, capture_output=True, text=True,
@@ -109,10 +121,11 @@ def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 
 def _worker() -> None:
     job = json.loads(sys.stdin.read())
     sched = schedule.parse(job["schedule"])
-    print(f"sim-seconds {_simulate(sched, platforms.Spec(**job['spec']), job['iterations']):.9f}", flush=True)
+    t = _simulate(sched, platforms.Spec(**job["spec"]), job["iterations"], job.get("warmup"))
+    print(f"sim-seconds {t:.9f}", flush=True)
 
 
-def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 1) -> float:
+def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 1, warmup: int | None = None) -> float:
     from simgrid import Actor, Engine, Mailbox, this_actor  # noqa: PLC0415
 
     p = len(sched.ranks)
@@ -200,7 +213,8 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 
         Actor.create(f"rank{r}", hosts[r], rank, r)
     e.run()
     ends = [max(f[it] for f in finish) for it in range(iterations)]
-    return ends[0] if iterations == 1 else (ends[-1] - ends[0]) / (iterations - 1)
+    w = warmup_of(iterations, warmup)
+    return (ends[-1] - (ends[w - 1] if w else 0.0)) / (iterations - w)
 
 
 def main() -> None:
