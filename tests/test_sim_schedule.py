@@ -247,6 +247,29 @@ def test_the_timed_mean_starts_after_the_warm_up(engine):
         replay.warmup_of(3, 3)
 
 
+@needs_both
+@pytest.mark.parametrize("engine", ["python", "cpp"])
+def test_a_send_the_socket_buffer_takes_is_done_when_posted(engine):
+    """Spec.sndbuf_B: rank 0 sends rank 1 two messages, waiting for each send before the next (a
+    fold's hand-off, then the next call's). With sends done on arrival that takes two one-way
+    latencies; done once the socket buffer took them (HARP's tcp isend), both leave at once and
+    the last arrives one latency after it was posted. A message over sndbuf_B still waits."""
+    import platforms  # noqa: PLC0415
+
+    def two(n):
+        return (f"# harp-schedule 1 coll=test algo=send p=2 bytes={n} hosts=2\n"
+                f"R 0\nS 0 1 {n} 0\nW 0\nS 1 1 {n} 0\nW 1\nR 1\nV 0 0 {n} 0\nV 1 0 {n} 0\nW 0 1\n")
+    one_way = 5e-4
+    spec = platforms.Spec(hosts=2, link_Bps=1e9, rtt_s=2 * one_way, send_overhead_s=0)
+    arrive, buffered, big = _in_system_python([
+        f"spec = platforms.Spec(**{dataclasses.asdict(spec)!r})",
+        f"print(*(replay.simulate(schedule.parse(t), spec.but(sndbuf_B=b), engine={engine!r}) "
+        f"for t, b in (({two(8)!r}, 0), ({two(8)!r}, 16384), ({two(65536)!r}, 16384))))"])
+    assert arrive == pytest.approx(2 * one_way, rel=0.01), arrive
+    assert buffered == pytest.approx(one_way, rel=0.01), buffered
+    assert big > 2 * one_way + 2 * 65536 / 1e9 * 0.99, big
+
+
 # Schedules and platforms both replayers see: the arena (tbf bucket, 3 back-to-back iterations,
 # 1 rank per host) and the VPC (8 ranks per host, split-duplex NICs, per-flow cap).
 AGREE = [

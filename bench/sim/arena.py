@@ -13,7 +13,8 @@ Sources (each the median over its repetitions of the slowest rank's time), in re
   allreduce-4-8hosts-quiet-4c2902b.json  4 and 8 hosts, RTT 0, HARP's own choice (auto), which
         the tuning table then made rd < 16K, hd 16K-2M, ring >= 2M
 and results/sim/arena-*.json: tuner_bench.py runs made for the calibration (2 and 8 hosts, a quiet
-machine, 2026-12-06). A point measured twice counts once: the later run's.
+machine, 2026-12-06; 6 hosts at RTT 1 ms again, quiet, 2026-12-06 17:11, which supersedes the two
+6-host files above). A point measured twice counts once: the later run's.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+# Fields added after results/sim/projection-cells.jsonl was replayed: replay.spec_arg leaves
+# them out at their default, so the cached cells' input digests hold.
+SINCE_CACHE = ("sndbuf_B",)
+
+
 @dataclass(frozen=True)
 class Spec:
     hosts: int
@@ -48,6 +53,10 @@ class Spec:
     # With cores > 0 and more ranks than cores: a wait that blocks ends wake_s x (ranks - cores)
     # / cores after its data arrived (the woken rank queues for a core). harp_replay only.
     wake_s: float = 0.0
+    # > 0: a send between hosts of at most sndbuf_B bytes is done once posted (TCP: once the
+    # socket buffer took it; HARP's tcp isend completes when its bytes are written), not when
+    # they arrive. Without a per-flow cap only.
+    sndbuf_B: float = 0.0
 
     @property
     def nic_Bps(self) -> float:

@@ -36,6 +36,12 @@
 //   * cores > 0 (the arena: every emulated host on one machine's cores): each
 //     message's CPU and every X runs on one shared host of that many cores, so
 //     ranks busy at once queue for them; cores = 0: each rank its own core;
+//   * sndbuf_B > 0: a send between hosts of at most sndbuf_B bytes is done
+//     once posted, as a TCP send is once the kernel's socket buffer took it
+//     (HARP's tcp isend completes when its bytes are written): a W on it
+//     returns at once, while its bytes still move and arrive as before. 0
+//     (the default): a send is done when its bytes have arrived. Not with a
+//     per-flow cap (a connection's stream keeps its messages' order);
 //   * wake_s > 0 with cores > 0 and more ranks than cores: a W that blocks
 //     (a request still incomplete when it starts) returns wake_s x (ranks -
 //     cores) / cores after its last request completes: the woken rank waits
@@ -86,7 +92,8 @@ int g_payload;  // SimGrid refuses a null payload; every message carries this ad
 struct Spec {
   int hosts = 0, local = 1;
   double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
-         send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0, wake_s = 0;
+         send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0, wake_s = 0,
+         sndbuf_B = 0;
   int cores = 0;  // > 0: every rank's CPU work runs on one shared host of this many cores
   // A wait that blocks ends this much after its last request: wake_s per rank beyond the
   // cores (more ranks than cores: a woken rank queues behind the running ones).
@@ -115,7 +122,8 @@ Spec parseSpec(const std::string& s) {
       {"link_Bps", &sp.link_Bps},         {"rtt_s", &sp.rtt_s},       {"flow_cap_Bps", &sp.flow_cap_Bps},
       {"shm_Bps", &sp.shm_Bps},           {"shm_lat_s", &sp.shm_lat_s}, {"reduce_Bps", &sp.reduce_Bps},
       {"send_overhead_s", &sp.send_overhead_s}, {"tcp_window_B", &sp.tcp_window_B},
-      {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}, {"wake_s", &sp.wake_s}};
+      {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}, {"wake_s", &sp.wake_s},
+      {"sndbuf_B", &sp.sndbuf_B}};
   std::stringstream in(s);
   std::string kv;
   while (std::getline(in, kv, ',')) {
@@ -512,6 +520,17 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         if (serial) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
+        if (sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B) {  // done once the buffer took it
+          sg4::Mailbox* mb = o.mb;
+          if (hold > 0)
+            sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
+              sg4::this_actor::sleep_for(hold);
+              mb->put(&g_payload, bytes);
+            });
+          else
+            mb->put_init(&g_payload, bytes)->detach();
+          break;
+        }
         q.live = true;
         if (hold > 0 && serial) {
           defer(sim, r, st, o, bytes, hold);
