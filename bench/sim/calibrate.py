@@ -78,6 +78,11 @@ def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.
     return list(zip(points, sims))
 
 
+def misfit(points: list, spec: platforms.Spec, cache: dict, delay_scale: float) -> float:
+    """Mean |log(sim / measured)| over `points` (robust to the few a loaded machine inflated)."""
+    return sum(abs(math.log(s / p.us)) for p, s in run(points, spec, cache, delay_scale)) / len(points)
+
+
 def fit(points: list, cache: dict, base: platforms.Spec = ARENA) -> tuple:
     """(spec, delay scale) minimising the mean |log(sim / measured)| of the small sizes
     (robust to the few points a loaded machine inflated)."""
@@ -86,15 +91,14 @@ def fit(points: list, cache: dict, base: platforms.Spec = ARENA) -> tuple:
     for o, rtt, k, w in itertools.product(SEND_OVERHEADS, BASE_RTTS, DELAY_SCALES,
                                           WAKES if base.cores > 0 else (0.0,)):
         spec = base.but(send_overhead_s=o, rtt_s=rtt, wake_s=w)
-        worst = sum(abs(math.log(s / p.us)) for p, s in run(small, spec, cache, k)) / len(small)
+        worst = misfit(small, spec, cache, k)
         if best is None or worst < best[0]:
             best = (worst, spec, k)
     spec, k = best[1], best[2]
     # The socket buffer matters from the sizes a buffer may or may not hold: fitted on 32 KB - 1 MB
     # with the rest held (the small sizes all fit any candidate, the large ones none).
     mid = [p for p in points if 4096 < p.nbytes <= 1 << 20]
-    errs = {b: sum(abs(math.log(s / p.us)) for p, s in run(mid, spec.but(sndbuf_B=b), cache, k)) / len(mid)
-            for b in SNDBUFS}
+    errs = {b: misfit(mid, spec.but(sndbuf_B=b), cache, k) for b in SNDBUFS}
     return spec.but(sndbuf_B=min(errs, key=errs.get)), k
 
 

@@ -114,6 +114,11 @@ def sched_args(coll: str, algo: str, p: int, nbytes: int) -> list:
 BURST = ("direct", "pairwise")
 
 
+def job_of(c: dict) -> tuple:
+    """A cell's job, its key in the cache: (platform, coll, p, algo, size)."""
+    return c["platform"], c["coll"], c["p"], c["algo"], c["size"]
+
+
 @functools.cache
 def replayer_source() -> bytes:
     """harp_replay.cc, read once per run (inputs_digest hashes it into every cell's digest)."""
@@ -360,7 +365,6 @@ def check_restamps(new: list, k: int, rev: str, replay_cell) -> None:
     """--restamp-from: replay again up to k of the cells marked "restamp" (the cheapest of each
     algorithm in turn); if every one gives its cached time, all of them keep theirs (stamped with
     today's inputs, "restamped_from" rev); else exit, naming the cells that moved."""
-    keys = ("platform", "coll", "p", "algo", "size")
     marked = [c for c in new if c.get("restamp")]
     by_algo: dict = {}
     for c in sorted(marked, key=lambda c: c.get("wall_s", 0)):
@@ -371,10 +375,10 @@ def check_restamps(new: list, k: int, rev: str, replay_cell) -> None:
             if group and len(sample) < k:
                 sample.append(group.pop(0))
     with ThreadPoolExecutor(2) as ex:
-        again = list(ex.map(lambda c: replay_cell(tuple(c[x] for x in keys)), sample))
+        again = list(ex.map(lambda c: replay_cell(job_of(c)), sample))
     moved = [(c, r) for c, r in zip(sample, again) if "us" not in r or abs(r["us"] - c["us"]) > 1e-6 * c["us"]]
     for c, r in moved:
-        print(f"project: {tuple(c[x] for x in keys)}: cached {c['us']:.3f} us, replayed now "
+        print(f"project: {job_of(c)}: cached {c['us']:.3f} us, replayed now "
               f"{r.get('us', r.get('skipped'))}", file=sys.stderr)
     if moved:
         sys.exit(f"project: --restamp-from {rev}: {len(moved)} of {len(sample)} checked cells moved; "
@@ -433,7 +437,7 @@ def main() -> None:
     if not a.fresh and Path(a.cache).exists():
         for line in Path(a.cache).read_text().splitlines():
             c = json.loads(line)
-            old[(c["platform"], c["coll"], c["p"], c["algo"], c["size"])] = c
+            old[job_of(c)] = c
     jobs = [(name, coll, p, algo, n) for p in RANKS for name in VPCS for coll in colls for n in SIZES
             for algo in ALGOS[coll]]
     def settled(c: dict) -> bool:
@@ -476,7 +480,7 @@ def main() -> None:
         print(f"project: {len(unverified)} cached cells over this run's message budget kept unchecked (run with "
               f"the budget that replayed them to check them): {', '.join(map(str, sorted(unverified)[:6]))}"
               f"{', ...' if len(unverified) > 6 else ''}", file=sys.stderr, flush=True)
-    merged = {**old, **{tuple(c[k] for k in ("platform", "coll", "p", "algo", "size")): c for c in new}}
+    merged = {**old, **{job_of(c): c for c in new}}
     cells = list(merged.values())  # the cache's cells of other ranks and sizes too
     if new:  # the cache compacted: one line per cell, the latest
         tmp_cache = a.cache + ".tmp"

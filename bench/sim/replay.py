@@ -131,6 +131,7 @@ def _worker() -> None:
 def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 1, warmup: int | None = None) -> float:
     from simgrid import Actor, Engine, Mailbox, this_actor  # noqa: PLC0415
 
+    w = warmup_of(iterations, warmup)  # checked before the replay, not after it
     p = len(sched.ranks)
     if spec.ranks != p:
         raise ValueError(f"replay: the schedule has {p} ranks, the platform {spec.hosts} x {spec.local}")
@@ -189,14 +190,14 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 
                 hold = shaped(r, op[2], op[3]) if spec.burst_B > 0 and inter else 0
                 if spec.flow_cap_Bps > 0 and inter:
                     hold = serialised(name, max(op[3], 1), hold)
-                if spec.sndbuf_B > 0 and inter and not spec.flow_cap_Bps > 0 and op[3] <= spec.sndbuf_B:  # posted: done
-                    if hold > 0:
-                        Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
-                    else:
-                        mb.put_init(None, max(op[3], 1)).detach()
+                # done once the socket buffer took it (sndbuf_B): None, nothing to wait on
+                buffered = spec.sndbuf_B > 0 and inter and not spec.flow_cap_Bps > 0 and op[3] <= spec.sndbuf_B
+                if hold > 0:  # a helper actor holds it (the rank goes on), then sends
+                    held = Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
+                    reqs[op[1]] = None if buffered else held
+                elif buffered:
+                    mb.put_init(None, max(op[3], 1)).detach()
                     reqs[op[1]] = None
-                elif hold > 0:  # a helper actor holds it (the rank goes on), then sends
-                    reqs[op[1]] = Actor.create(f"held{r}", hosts[r], held_put, mb, max(op[3], 1), hold)
                 else:
                     reqs[op[1]] = mb.put_async(None, max(op[3], 1))
             elif k == "V":
@@ -224,7 +225,6 @@ def _simulate(sched: schedule.Schedule, spec: platforms.Spec, iterations: int = 
         Actor.create(f"rank{r}", hosts[r], rank, r)
     e.run()
     ends = [max(f[it] for f in finish) for it in range(iterations)]
-    w = warmup_of(iterations, warmup)
     return (ends[-1] - (ends[w - 1] if w else 0.0)) / (iterations - w)
 
 

@@ -32,6 +32,10 @@ struct TransportParams {
   double link_beta = 0;
 };
 
+// HARP_SEGMENT_BYTES' default (base/params.def): the segment the cost functions assume, since
+// the model does not read the environment (the algorithms themselves use ctx.segmentBytes()).
+inline constexpr size_t kDefaultSegmentBytes = 512 * 1024;
+
 // Seconds for `flows` flows of `bytes` each, at once, through one host's link: no flow beats
 // its own rate (beta), and together they get the link's (link_beta).
 inline double sharedLinkSeconds(const TransportParams& t, double bytes, double flows) {

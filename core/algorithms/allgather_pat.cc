@@ -74,8 +74,7 @@ void allgatherPat(Context& ctx) {
 
 namespace {
 double patCost(double n, int p, const TransportParams& t) {
-  constexpr double kSegment = 512 * 1024;  // HARP_SEGMENT_BYTES' default
-  const pat::Plan s = pat::plan(p, n, kSegment);
+  const pat::Plan s = pat::plan(p, n, kDefaultSegmentBytes);
   int packed = 0;  // blocks in messages of more than one block
   for (int g = 1; g < s.G; ++g) packed += s.count(g) > 1 ? s.count(g) : 0;
   for (int j = 0; j < s.dims(); ++j) packed += s.dimCount(j) > 1 ? s.dimCount(j) : 0;
@@ -84,9 +83,8 @@ double patCost(double n, int p, const TransportParams& t) {
 
 // On hosts of L consecutive ranks: the flat cost over the host link plus pat::hostLinkExcess.
 double patHostsCost(double n, const HierShape& sh, const TransportParams&, const TransportParams& ex) {
-  constexpr double kSegment = 512 * 1024;
   const int p = sh.hosts * sh.local;
-  return patCost(n, p, ex) + pat::hostLinkExcess(pat::plan(p, n, kSegment), n, sh.local, ex);
+  return patCost(n, p, ex) + pat::hostLinkExcess(pat::plan(p, n, kDefaultSegmentBytes), n, sh.local, ex);
 }
 }  // namespace
 

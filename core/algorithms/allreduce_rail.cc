@@ -138,8 +138,7 @@ void allreduceRail(Context& ctx) {
   }
 }
 
-// HARP_SEGMENT_BYTES' default; the model does not read the environment.
-constexpr double kDefaultPieceBytes = kPieceSegments * 512.0 * 1024;
+constexpr double kDefaultPieceBytes = static_cast<double>(kPieceSegments * kDefaultSegmentBytes);
 
 double railCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const double L = s.local;

@@ -210,7 +210,7 @@ namespace {
 double treeCost(double n, int p, const TransportParams& t) {
   if (p == 1) return 0;
   const int d = ceilLog2(p);
-  const double s = static_cast<double>(treeSegments(n / 2, d, 512 << 10));
+  const double s = static_cast<double>(treeSegments(n / 2, d, kDefaultSegmentBytes));
   return (s + 2 * d) * t.alpha + (1 + 2 * d / s) * (2 * n * t.beta + n * t.gamma);
 }
 
@@ -255,7 +255,7 @@ double treeHostsCost(double n, const HierShape& sh, const TransportParams& in, c
   const int p = sh.hosts * sh.local;
   if (p == 1) return 0;
   const int d = ceilLog2(p);
-  const double s = static_cast<double>(treeSegments(n / 2, d, 512 << 10)), seg = n / (2 * s);
+  const double s = static_cast<double>(treeSegments(n / 2, d, kDefaultSegmentBytes)), seg = n / (2 * s);
   const TreeCrossing c = treeCrossing(p, sh.local);
   const double fill = 2 * (c.x * (ex.alpha + seg * ex.beta) + (d - c.x) * (in.alpha + seg * in.beta)) +
                       2 * d * seg * ex.gamma;

@@ -95,8 +95,7 @@ double bruckCost(double n, int p, const TransportParams& t) {
 // 100 us: 11.20 ms, against 10.19 modelled without the copies and 11.24 with them.)
 double bruckHostsCost(double n, const HierShape& s, const TransportParams& in, const TransportParams& ex) {
   const int L = s.local, p = s.hosts * L;
-  int top = 1;
-  while (2 * top < p) top *= 2;
+  const int top = floorPow2(p - 1);  // the last step's bit
   double c = (2.0 * p + static_cast<double>(blocksAt(p, 1) + blocksAt(p, top))) * n * ex.gamma;
   for (int bit = 1; bit < p; bit <<= 1) {
     const double m = static_cast<double>(blocksAt(p, bit)) * n;

@@ -124,7 +124,7 @@ void reduceScatterPat(Context& ctx) {
 
 namespace {
 double patCost(double n, int p, const TransportParams& t) {
-  constexpr double kSegment = 512 * 1024;  // HARP_SEGMENT_BYTES' default
+  constexpr double kSegment = kDefaultSegmentBytes;
   const double slices = n > kSegment ? std::ceil(n / kSegment) : 1;
   const pat::Plan s = pat::plan(p, std::min(n, kSegment), kSegment);
   return slices * s.messages() * t.alpha + (p - 1) * n * (t.beta + t.gamma) + s.gatherCopies() * n * t.gamma;
@@ -132,7 +132,7 @@ double patCost(double n, int p, const TransportParams& t) {
 
 // On hosts of L consecutive ranks: the flat cost over the host link plus pat::hostLinkExcess.
 double patHostsCost(double n, const HierShape& sh, const TransportParams&, const TransportParams& ex) {
-  constexpr double kSegment = 512 * 1024;
+  constexpr double kSegment = kDefaultSegmentBytes;
   const int p = sh.hosts * sh.local;
   return patCost(n, p, ex) + pat::hostLinkExcess(pat::plan(p, std::min(n, kSegment), kSegment), n, sh.local, ex);
 }

@@ -520,26 +520,20 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         if (serial) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
-        if (sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B) {  // done once the buffer took it
-          sg4::Mailbox* mb = o.mb;
-          if (hold > 0)
-            sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
-              sg4::this_actor::sleep_for(hold);
-              mb->put(&g_payload, bytes);
-            });
-          else
-            mb->put_init(&g_payload, bytes)->detach();
-          break;
-        }
-        q.live = true;
+        // Done once the socket buffer took it (sndbuf_B): nothing for a W to wait on.
+        const bool buffered = sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B;
+        q.live = !buffered;
         if (hold > 0 && serial) {
           defer(sim, r, st, o, bytes, hold);
         } else if (hold > 0) {
           sg4::Mailbox* mb = o.mb;
-          q.held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
+          sg4::ActorPtr held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
             sg4::this_actor::sleep_for(hold);
             mb->put(&g_payload, bytes);
           });
+          if (!buffered) q.held = held;
+        } else if (buffered) {
+          o.mb->put_init(&g_payload, bytes)->detach();
         } else {
           q.comm = o.mb->put_async(&g_payload, bytes);
           in_flight.push_back(o.id);
