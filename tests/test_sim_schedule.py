@@ -348,6 +348,51 @@ def test_a_blocked_wait_on_oversubscribed_cores_pays_the_wake_up(tmp_path):
 
 
 @pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_a_run_queue_charges_a_wake_up_only_the_cores_in_use(tmp_path):
+    """Spec.runq: the ping-pong above with 8 ranks on 2 cores. The fixed wait charges rank 1's
+    blocked wait wake_s x (8 - 2) / 2 whether or not the cores are busy; on the run queue the
+    wake-up is wake_s of CPU on a free core (the other 6 ranks are idle), so it adds wake_s."""
+    import platforms  # noqa: PLC0415
+
+    text = ("# harp-schedule 1 coll=test algo=pingpong p=8 bytes=8 hosts=1\n"
+            "R 0\nS 0 1 8 0\nV 1 1 8 0\nW 0 1\nR 1\nV 0 0 8 0\nW 0\nS 1 0 8 0\nX copy 3000000\nW 1\n"
+            + "".join(f"R {r}\n" for r in range(2, 8)))
+    base = platforms.Spec(hosts=1, local=8, send_overhead_s=0, shm_lat_s=1e-6, cores=2)
+    t = {(q, w): _replay_text(text, base.but(runq=q, wake_s=w), tmp_path)["sim_seconds"]
+         for q in (0, 1) for w in (0.0, 1e-4)}
+    assert t[(0, 1e-4)] - t[(0, 0.0)] == pytest.approx(3e-4, rel=1e-6), t
+    # (rank 0's own wake-up for the pong ends long before rank 1's 1 ms of work)
+    assert t[(1, 1e-4)] - t[(1, 0.0)] == pytest.approx(1e-4, rel=1e-6), t
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_a_run_queue_takes_wake_ups_that_meet_in_turn(tmp_path):
+    """Spec.runq: ranks 4-7 each send rank r - 4 a message; the four arrive at once (one-way L),
+    and each woken rank needs wake_s (1 ms) of CPU, then answers; ranks 4-7 wake to the answers.
+    On 2 cores the first two wake-ups end at L + 1 ms, the next two at L + 2 ms, so their answers
+    wake ranks 4-7 two at a time too: 2 L + 3 ms. Cores shared by all (the four wake-ups ending
+    together at L + 2, their four answers' wake-ups together 2 ms later) would take 2 L + 4 ms;
+    on 4 cores, 2 L + 2 ms."""
+    import platforms  # noqa: PLC0415
+
+    lines = ["# harp-schedule 1 coll=test algo=answer p=8 bytes=8 hosts=8"]
+    for r in range(4):
+        lines += [f"R {r}", f"V 0 {r + 4} 8 0", "W 0", f"S 1 {r + 4} 8 0", "W 1"]
+    for r in range(4, 8):
+        lines += [f"R {r}", f"S 0 {r - 4} 8 0", f"V 1 {r - 4} 8 0", "W 0 1"]
+    text = "\n".join(lines) + "\n"
+    one_way = 10e-3
+    # (sndbuf_B: a send is done once posted, so only the waits for messages block)
+    base = platforms.Spec(hosts=8, link_Bps=1e12, rtt_s=2 * one_way, shm_lat_s=0, send_overhead_s=0,
+                          wake_s=1e-3, runq=1, sndbuf_B=1024)
+    for cores, want in ((2, 2 * one_way + 3e-3), (4, 2 * one_way + 2e-3)):
+        t = _replay_text(text, base.but(cores=cores), tmp_path)["sim_seconds"]
+        assert t == pytest.approx(want, abs=1e-5), (cores, t, want)
+    with pytest.raises(Exception, match="runq needs cores"):
+        _replay_text(text, base.but(cores=0), tmp_path)
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
 def test_a_schedule_that_deadlocks_is_an_error_not_a_time(tmp_path):
     """A receive no one sends to: SimGrid ends the run quietly; the replayer must say so, not print 0 s."""
     import platforms  # noqa: PLC0415

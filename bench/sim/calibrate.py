@@ -33,6 +33,18 @@ The arena platform's constants, and where each comes from:
   cores (--cores)   0: each emulated host its own core; N: every rank's CPU work on N shared
                     cores (the arena runs all its hosts on this machine's cores), and a wait
                     that blocks ends wake_s x (ranks - N) / N late (WAKES, fitted with the rest)
+  run queue         --cores N --runq: the N cores are a run queue for the short work instead
+                    (Spec.runq): each message's overhead and each wake-up's wake_s of CPU
+                    (RUNQ_WAKES, fitted with the rest) take the first free core, first come
+                    first served. Ranks that all wake at once then leave in turn, and ranks
+                    out of step (a ring at RTT 1 ms) pay no queue; with the fixed wait above,
+                    every blocked wait of 8 ranks on 2 cores paid 60 us (the ring and
+                    halving-doubling at 8 hosts, RTT 1 ms, 64 B - 256 KB: 1.13-1.24 x measured).
+                    A waiting rank first polls on a core (Spec.spin_s) as HARP's wait does:
+                    64 polls and 64 yields with a core per rank, 4 and 4 where ranks
+                    outnumber cores, none above 64 KB pending (spin_of; the time of one poll
+                    RUNQ_POLLS, fitted); what arrives meanwhile costs no wake-up. So 2 ranks
+                    on 2 cores never block at RTT 0 (6 us an exchange), and 4 on 2 do (36)
   reduce 3 GB/s     float32 sum, one core of the arena VM (bench/RESULTS.md's kernel rates
                     are 2-6 GB/s for out = a + b)
 """
@@ -59,47 +71,67 @@ SEND_OVERHEADS = (1e-6, 2e-6, 3e-6, 5e-6, 10e-6, 20e-6, 30e-6, 45e-6)
 BASE_RTTS = (10e-6, 20e-6, 42e-6)
 DELAY_SCALES = (0.8, 0.9, 1.0)
 WAKES = (0.0, 10e-6, 20e-6, 30e-6)  # --cores N only: Spec.wake_s, a blocked rank's wait for a core
+# --runq: the CPU of a wake-up (on the queue), the time of one poll of a waiting rank, and the
+# base round trip without them
+RUNQ_SEND_OVERHEADS = (1e-6, 2e-6)
+RUNQ_WAKES = (15e-6, 20e-6, 25e-6, 30e-6)
+RUNQ_BASE_RTTS = (5e-6, 10e-6, 20e-6)
+RUNQ_POLLS = (0.25e-6, 0.5e-6, 1e-6)
+RUNQ_DELAY_SCALES = (0.9, 0.95, 1.0)
+HARP_SPIN, HARP_SPIN_OVERSUBSCRIBED, HARP_SPIN_BYTES = 64, 4, 64 << 10  # base/params.def, connect.cc
+
+
+def spin_of(ranks: int, cores: int, poll_s: float) -> float:
+    """A waiting rank's spin before it blocks, as HARP's wait spins (core/engine/context.cc):
+    HARP_SPIN polls, then as many sched_yields (each counted as one poll), where the machine has
+    a core per rank; 4 and 4 where ranks outnumber its cores (Communicator::adaptSpin)."""
+    return 2 * (HARP_SPIN if ranks <= cores else HARP_SPIN_OVERSUBSCRIBED) * poll_s
 SNDBUFS = (16384, 65536, 262144, 4 << 20)  # Spec.sndbuf_B: tcp_wmem's initial 16 KB up to its 4 MB cap
 
 
-def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> float:
+def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_scale: float = 1.0,
+                   poll_s: float = 0.0) -> float:
     key = (pt.algo, pt.hosts, pt.nbytes)
     if key not in cache:
         cache[key] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec = base.but(hosts=pt.hosts, local=1, rtt_s=base.rtt_s + delay_scale * pt.rtt_us * 1e-6)
+    if base.runq and poll_s > 0:
+        spec = spec.but(spin_s=spin_of(pt.hosts, base.cores, poll_s), spin_bytes=HARP_SPIN_BYTES)
     # the benchmark's loop: its warm-up calls, then the timed ones, back to back (the tbf
     # bucket as drained as the measured loop left it; the mean over the timed calls)
     return replay.simulate(cache[key], spec, iterations=pt.warmup + pt.iters, warmup=pt.warmup) * 1e6
 
 
-def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.0) -> list:
+def run(points: list, base: platforms.Spec, cache: dict, delay_scale: float = 1.0, poll_s: float = 0.0) -> list:
     with ThreadPoolExecutor(2) as ex:
-        sims = list(ex.map(lambda pt: simulate_point(pt, base, cache, delay_scale), points))
+        sims = list(ex.map(lambda pt: simulate_point(pt, base, cache, delay_scale, poll_s), points))
     return list(zip(points, sims))
 
 
-def misfit(points: list, spec: platforms.Spec, cache: dict, delay_scale: float) -> float:
+def misfit(points: list, spec: platforms.Spec, cache: dict, delay_scale: float, poll_s: float = 0.0) -> float:
     """Mean |log(sim / measured)| over `points` (robust to the few a loaded machine inflated)."""
-    return sum(abs(math.log(s / p.us)) for p, s in run(points, spec, cache, delay_scale)) / len(points)
+    return sum(abs(math.log(s / p.us)) for p, s in run(points, spec, cache, delay_scale, poll_s)) / len(points)
 
 
 def fit(points: list, cache: dict, base: platforms.Spec = ARENA) -> tuple:
-    """(spec, delay scale) minimising the mean |log(sim / measured)| of the small sizes
-    (robust to the few points a loaded machine inflated)."""
+    """(spec, delay scale, poll time) minimising the mean |log(sim / measured)| of the small
+    sizes (robust to the few points a loaded machine inflated)."""
     small = [p for p in points if p.nbytes <= 4096]
     best = None
-    for o, rtt, k, w in itertools.product(SEND_OVERHEADS, BASE_RTTS, DELAY_SCALES,
-                                          WAKES if base.cores > 0 else (0.0,)):
+    grid = (itertools.product(RUNQ_SEND_OVERHEADS, RUNQ_BASE_RTTS, RUNQ_DELAY_SCALES, RUNQ_WAKES, RUNQ_POLLS)
+            if base.runq else
+            itertools.product(SEND_OVERHEADS, BASE_RTTS, DELAY_SCALES, WAKES if base.cores > 0 else (0.0,), (0.0,)))
+    for o, rtt, k, w, poll in grid:
         spec = base.but(send_overhead_s=o, rtt_s=rtt, wake_s=w)
-        worst = misfit(small, spec, cache, k)
+        worst = misfit(small, spec, cache, k, poll)
         if best is None or worst < best[0]:
-            best = (worst, spec, k)
-    spec, k = best[1], best[2]
+            best = (worst, spec, k, poll)
+    spec, k, poll = best[1], best[2], best[3]
     # The socket buffer matters from the sizes a buffer may or may not hold: fitted on 32 KB - 1 MB
     # with the rest held (the small sizes all fit any candidate, the large ones none).
     mid = [p for p in points if 4096 < p.nbytes <= 1 << 20]
-    errs = {b: misfit(mid, spec.but(sndbuf_B=b), cache, k) for b in SNDBUFS}
-    return spec.but(sndbuf_B=min(errs, key=errs.get)), k
+    errs = {b: misfit(mid, spec.but(sndbuf_B=b), cache, k, poll) for b in SNDBUFS}
+    return spec.but(sndbuf_B=min(errs, key=errs.get)), k, poll
 
 
 def table(rows: list) -> str:
@@ -125,17 +157,25 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON of every point")
     ap.add_argument("--md", default=None, help="write the markdown table here (default: stdout)")
     ap.add_argument("--cores", type=int, default=0, help="shared cores of the arena's machine (0: a core per rank)")
+    ap.add_argument("--runq", action="store_true",
+                    help="with --cores: the cores are a run queue for messages and wake-ups (Spec.runq)")
     a = ap.parse_args()
     if a.cores < 0:
         ap.error("--cores must be >= 0")
+    if a.runq and a.cores < 1:
+        ap.error("--runq needs --cores N (the cores it queues for)")
     pts = arena.points()
     cache: dict = {}
     for pt in pts:  # the schedules, emitted once, before the threads share the cache
         if (pt.algo, pt.hosts, pt.nbytes) not in cache:
             cache[(pt.algo, pt.hosts, pt.nbytes)] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
-    spec, k = fit(pts, cache, ARENA.but(cores=a.cores))
-    rows = run(pts, spec, cache, k)
-    cores = (f"{a.cores} cores shared by every rank, a blocked rank waits {spec.wake_s * 1e6:g} us per rank beyond "
+    spec, k, poll = fit(pts, cache, ARENA.but(cores=a.cores, runq=int(a.runq)))
+    rows = run(pts, spec, cache, k, poll)
+    cores = (f"{a.cores} cores every rank queues for, first come first served: each message's overhead, "
+             f"{spec.wake_s * 1e6:g} us of CPU per wake-up, and a waiting rank's polls of {poll * 1e6:g} us "
+             f"each ({2 * HARP_SPIN} with a core per rank, {2 * HARP_SPIN_OVERSUBSCRIBED} on fewer cores, none "
+             f"above {HARP_SPIN_BYTES >> 10} KB) before it blocks" if a.runq else
+             f"{a.cores} cores shared by every rank, a blocked rank waits {spec.wake_s * 1e6:g} us per rank beyond "
              "them for one" if a.cores else "a core per rank")
     md = (f"Fitted ({cores}): {spec.send_overhead_s * 1e6:g} us CPU per message, a base round trip of "
           f"{spec.rtt_s * 1e6:g} us; the added delay delivered at {k:g} x the asked; a send of at most "
@@ -145,7 +185,7 @@ def main() -> None:
     else:
         print(md)
     if a.out:
-        Path(a.out).write_text(json.dumps({"spec": spec.__dict__, "delay_scale": k, "points": [
+        Path(a.out).write_text(json.dumps({"spec": spec.__dict__, "delay_scale": k, "poll_s": poll, "points": [
             {**pt.__dict__, "sim_us": s} for pt, s in rows]}, indent=1) + "\n")
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 # Fields added after results/sim/projection-cells.jsonl was replayed: replay.spec_arg leaves
 # them out at their default, so the cached cells' input digests hold.
-SINCE_CACHE = ("sndbuf_B",)
+SINCE_CACHE = ("sndbuf_B", "runq", "spin_s", "spin_bytes")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,14 @@ class Spec:
     # With cores > 0 and more ranks than cores: a wait that blocks ends wake_s x (ranks - cores)
     # / cores after its data arrived (the woken rank queues for a core). harp_replay only.
     wake_s: float = 0.0
+    # > 0 with cores > 0: the cores are a run queue instead. A message's send overhead and,
+    # after a wait that blocked, wake_s of the woken rank's CPU each take the first free core
+    # and hold it (first come first served); X stays on the shared cores. harp_replay only.
+    runq: int = 0
+    # > 0 with runq: a wait first polls on a core (taken in line) for up to spin_s; what arrives
+    # meanwhile costs no wake-up, and the spinner keeps that core from the ranks in line.
+    spin_s: float = 0.0
+    spin_bytes: float = 0.0  # > 0: a wait on more pending bytes than this does not spin (HARP_SPIN_BYTES)
     # > 0: a send between hosts of at most sndbuf_B bytes is done once posted (TCP: once the
     # socket buffer took it; HARP's tcp isend completes when its bytes are written), not when
     # they arrive. Without a per-flow cap only.

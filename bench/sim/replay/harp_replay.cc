@@ -46,6 +46,21 @@
 //     (a request still incomplete when it starts) returns wake_s x (ranks -
 //     cores) / cores after its last request completes: the woken rank waits
 //     for a core behind the others (calibrate.py fits it on the arena);
+//   * runq > 0 with cores > 0: the shared cores are instead a run queue. A
+//     rank runs on a core (one of `cores` tokens) from its start until a W
+//     blocks; then it gives the core up, and when its requests complete it
+//     waits in line for a core (first come first served) and spends wake_s
+//     on it (the wake-up, the receive) before it goes on. While it holds a
+//     core its send overheads and X lines run at the core's full rate. Ranks
+//     whose wake-ups do not meet pay no queue (the arena at RTT 1 ms, where
+//     the ranks of a ring fall out of step); ranks that all wake at once
+//     leave in turn, not all late together as on shared cores. A rank's lane
+//     (A/E/J) does not take a core of its own;
+//   * spin_s > 0 with runq: a W first polls on its core for up to spin_s, as
+//     HARP's wait polls before it blocks; what arrives meanwhile costs no
+//     wake-up, and the core stays taken (on oversubscribed cores a spinner
+//     may hold the core its sender needs). spin_bytes > 0: a W on more pending
+//     bytes than that does not spin (HARP_SPIN_BYTES);
 //   * A/E/J lines (a rank's lane: rail's asynchronous legs): a second actor per
 //     such rank runs the jobs in the order posted; J waits for one;
 //   * iterations > 1: the schedule runs that many times back to back (no
@@ -93,11 +108,14 @@ struct Spec {
   int hosts = 0, local = 1;
   double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
          send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0, wake_s = 0,
-         sndbuf_B = 0;
+         sndbuf_B = 0, spin_s = 0, spin_bytes = 0;
   int cores = 0;  // > 0: every rank's CPU work runs on one shared host of this many cores
+  int runq = 0;   // > 0 with cores: a rank holds a core while it runs, queues for one when it wakes
   // A wait that blocks ends this much after its last request: wake_s per rank beyond the
   // cores (more ranks than cores: a woken rank queues behind the running ones).
-  double wakeSeconds() const { return cores > 0 && ranks() > cores ? wake_s * (ranks() - cores) / cores : 0; }
+  double wakeSeconds() const {
+    return cores > 0 && !runq && ranks() > cores ? wake_s * (ranks() - cores) / cores : 0;
+  }
   double nic_Bps() const { return burst_B > 0 ? burst_Bps : link_Bps; }
   int ranks() const { return hosts * local; }
 };
@@ -123,7 +141,8 @@ Spec parseSpec(const std::string& s) {
       {"shm_Bps", &sp.shm_Bps},           {"shm_lat_s", &sp.shm_lat_s}, {"reduce_Bps", &sp.reduce_Bps},
       {"send_overhead_s", &sp.send_overhead_s}, {"tcp_window_B", &sp.tcp_window_B},
       {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}, {"wake_s", &sp.wake_s},
-      {"sndbuf_B", &sp.sndbuf_B}};
+      {"sndbuf_B", &sp.sndbuf_B},         {"spin_s", &sp.spin_s},
+      {"spin_bytes", &sp.spin_bytes}};
   std::stringstream in(s);
   std::string kv;
   while (std::getline(in, kv, ',')) {
@@ -131,12 +150,12 @@ Spec parseSpec(const std::string& s) {
     auto eq = kv.find('=');
     if (eq == std::string::npos) fail("--spec: '" + kv + "' is not key=value");
     std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-    if (k == "hosts" || k == "local" || k == "cores") {
+    if (k == "hosts" || k == "local" || k == "cores" || k == "runq") {
       double x = number(k, v);
-      const double least = k == "cores" ? 0 : 1;
+      const double least = k == "cores" || k == "runq" ? 0 : 1;
       if (x < least || x > 1 << 20 || x != std::floor(x))
         fail("--spec " + k + "=" + v + ": not a count >= " + std::to_string(static_cast<int>(least)));
-      (k == "hosts" ? sp.hosts : k == "local" ? sp.local : sp.cores) = static_cast<int>(x);
+      (k == "hosts" ? sp.hosts : k == "local" ? sp.local : k == "cores" ? sp.cores : sp.runq) = static_cast<int>(x);
     } else if (auto it = dbl.find(k); it != dbl.end()) {
       *it->second = number(k, v);
     } else {
@@ -146,6 +165,8 @@ Spec parseSpec(const std::string& s) {
   if (sp.hosts < 1) fail("--spec needs hosts=N");
   if (sp.link_Bps <= 0 || sp.shm_Bps <= 0 || sp.reduce_Bps <= 0) fail("--spec: rates must be > 0");
   if (sp.burst_B > 0 && sp.burst_Bps <= 0) fail("--spec: burst_B needs burst_Bps > 0");
+  if (sp.runq > 0 && sp.cores < 1) fail("--spec: runq needs cores >= 1 (the cores it queues for)");
+  if (sp.spin_s > 0 && sp.runq < 1) fail("--spec: spin_s needs runq (a spin holds one of its cores)");
   return sp;
 }
 
@@ -366,6 +387,14 @@ struct Sim {
     if (cpu) sg4::this_actor::exec_init(seconds)->set_host(cpu)->start()->wait();
     else sg4::this_actor::execute(seconds);
   }
+  sg4::SemaphorePtr runq;  // Spec::runq > 0: one token per shared core, taken in arrival order
+  // The run queue: a rank that blocks gives its core up, and when it wakes waits in line
+  // for one and spends wake_s on it.
+  void offCore() const { runq->release(); }
+  void onCore(bool woken) const {
+    runq->acquire();
+    if (woken && sp.wake_s > 0) sg4::this_actor::sleep_for(sp.wake_s);
+  }
   std::vector<std::vector<double>> finish;           // [rank][iteration]
   std::vector<int> finished;                         // [rank]: iterations done
   std::vector<std::pair<double, double>> buckets;    // [tokens, last refill]: up h, then down h
@@ -405,6 +434,7 @@ struct Req {
   void* payload = nullptr;
   bool live = false;
   bool deferred = false;
+  uint64_t bytes = 0;  // the message's (a spin's limit, spin_bytes)
   void done(RankState& st);
 };
 
@@ -470,6 +500,43 @@ void pumpActor(RankState* st) {
   }
 }
 
+// Spec::spin_s on the run queue: the W `o` polls on the rank's core until its plain comms
+// have all completed or spin_s has passed; the completed ones are reaped (a later blocked
+// wait, and its wake-up, is then only for what is still missing).
+void spinWait(const Sim* sim, const Rank& rk, const Op& o, std::vector<Req>& reqs) {
+  std::vector<sg4::CommPtr> pending;
+  std::vector<uint32_t> ids;
+  auto gather = [&]() {
+    pending.clear();
+    ids.clear();
+    for (uint32_t i = 0; i < o.n; ++i) {
+      const uint32_t id = rk.waits[o.id + i];
+      if (id >= reqs.size() || !reqs[id].live) continue;
+      Req& q = reqs[id];
+      if (!q.comm || q.deferred) return false;  // a held or deferred send: no spin, block as before
+      if (q.comm->test()) {
+        q.comm = nullptr;
+        q.live = false;
+        continue;
+      }
+      pending.push_back(q.comm);
+      ids.push_back(id);
+    }
+    return true;
+  };
+  if (!gather() || pending.empty()) return;
+  if (sim->sp.spin_bytes > 0) {  // HARP_SPIN_BYTES: a wait on more bytes than this does not spin
+    uint64_t sum = 0;
+    for (uint32_t id : ids) sum += reqs[id].bytes;
+    if (static_cast<double>(sum) > sim->sp.spin_bytes) return;
+  }
+  const double until = sg4::Engine::get_clock() + sim->sp.spin_s;  // on the rank's own core
+  while (gather() && !pending.empty()) {
+    const double left = until - sg4::Engine::get_clock();
+    if (left <= 0 || sg4::Comm::wait_any_for(pending, left) < 0) break;
+  }
+}
+
 void defer(Sim* sim, int r, RankState& st, const Op& o, uint64_t bytes, double hold) {
   if (!st.pump) {
     st.wake = sg4::Semaphore::create(0);
@@ -483,7 +550,8 @@ void defer(Sim* sim, int r, RankState& st, const Op& o, uint64_t bytes, double h
   st.wake->release();
 }
 
-void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
+// core: the calling actor holds a run-queue core (the rank's actor with Spec::runq; not its lane).
+void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st, bool core) {
   Rank& rk = sim->s->ranks[r];
   const Spec& sp = sim->sp;
   auto& reqs = st.reqs;
@@ -510,7 +578,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
       case 'S': {
         reap();
         if (sp.send_overhead_s > 0) {
-          if (sim->cpu) sim->work(sp.send_overhead_s);
+          if (sim->cpu && !core) sim->work(sp.send_overhead_s);
           else sg4::this_actor::sleep_for(sp.send_overhead_s);
         }
         const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
@@ -520,6 +588,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         if (serial) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
+        q.bytes = o.bytes;
         // Done once the socket buffer took it (sndbuf_B): nothing for a W to wait on.
         const bool buffered = sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B;
         q.live = !buffered;
@@ -544,10 +613,14 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         Req& q = reqs[o.id];
         if (q.live) q.done(st);
         q.live = true;
+        q.bytes = o.bytes;
         q.comm = o.mb->get_async(&q.payload);
         break;
       }
       case 'W': {
+        // The run queue's spin (spin_s): poll on a core for up to spin_s; what arrives meanwhile
+        // needs no wake-up, and the core is taken from the ranks queued for one.
+        if (core && sp.spin_s > 0) spinWait(sim, rk, o, reqs);
         // Blocked: a request not yet complete when the wait starts (test() takes no time).
         bool blocked = false;
         for (uint32_t i = 0; i < o.n; ++i) {
@@ -559,10 +632,12 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
             q.live = false;
             continue;
           }
+          if (!blocked && core) sim->offCore();
           blocked = true;
           q.done(st);
         }
         if (blocked && wake > 0) sg4::this_actor::sleep_for(wake);
+        if (blocked && core) sim->onCore(true);
         break;
       }
       case 'A':
@@ -570,10 +645,13 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st) {
         st.posted->release();
         break;
       case 'J':
+        if (core) sim->offCore();
         st.done[o.peer]->acquire();
+        if (core) sim->onCore(true);
         break;
       default:
-        sim->work(o.seconds);  // hosts run 1 flop/s: flops = seconds
+        if (core) sg4::this_actor::execute(o.seconds);  // on the core the rank holds
+        else sim->work(o.seconds);  // hosts run 1 flop/s: flops = seconds
     }
   }
 }
@@ -583,7 +661,7 @@ void laneActor(Sim* sim, int r, RankState* st) {
     st->posted->acquire();
     const int job = st->queue.front();
     st->queue.pop_front();
-    runOps(sim, r, sim->s->ranks[r].jobs[job], *st);
+    runOps(sim, r, sim->s->ranks[r].jobs[job], *st, false);
     st->done[job]->release();
   }
 }
@@ -598,13 +676,22 @@ void rankActor(Sim* sim, int r) {
     for (size_t j = 0; j < rk.jobs.size(); ++j) st.done.push_back(sg4::Semaphore::create(0));
     sg4::Actor::create("lane" + std::to_string(r), sim->hosts[r], laneActor, sim, r, &st)->daemonize();
   }
+  const bool core = sim->runq != nullptr;  // the run queue: the rank starts on a core (in line)
+  if (core) sim->onCore(false);
   for (int it = 0; it < sim->iterations; ++it) {
-    runOps(sim, r, rk.ops, st);
+    runOps(sim, r, rk.ops, st, core);
+    bool blocked = false;
     for (Req& q : st.reqs)
-      if (q.live) q.done(st);
+      if (q.live) {
+        if (core && !blocked) sim->offCore();
+        blocked = true;
+        q.done(st);
+      }
+    if (core && blocked) sim->onCore(true);
     sim->finish[r][it] = sg4::Engine::get_clock();
     sim->finished[r] = it + 1;
   }
+  if (core) sim->offCore();
 }
 
 }  // namespace
@@ -666,6 +753,7 @@ int main(int argc, char** argv) {
   sg4::Engine::set_config("network/TCP-gamma", tcpWindow(sim.sp));
   sim.hosts = buildPlatform(sim.sp);
   if (sim.sp.cores > 0) sim.cpu = sg4::Host::by_name("cpu");
+  if (sim.sp.runq > 0) sim.runq = sg4::Semaphore::create(sim.sp.cores);
 
   // Mailboxes: one per (src, dst, comm) that carries a message; its receiver set (eager).
   std::unordered_map<uint64_t, sg4::Mailbox*> boxes;
