@@ -393,6 +393,33 @@ def test_a_run_queue_takes_wake_ups_that_meet_in_turn(tmp_path):
 
 
 @pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
+def test_a_large_message_moves_once_its_receive_is_posted(tmp_path):
+    """Spec.rendezvous_B: ranks 0 and 2 each send rank 1 100 MB at once; rank 1 takes rank 0's
+    first, then sends rank 0 100 MB and only then posts its receive from rank 2 (1 GB/s links).
+    Eager, rank 2's bytes share rank 1's link with rank 0's: rank 0's arrive at 0.2 s, and rank
+    1's answer at 0.3. With a rendezvous rank 2's wait for the receive: 0.1, then the answer and
+    rank 2's message side by side on different links: 0.2 s."""
+    import platforms  # noqa: PLC0415
+
+    mb = 100_000_000
+    text = (f"# harp-schedule 1 coll=test algo=early p=3 bytes={mb} hosts=3\n"
+            f"R 0\nS 0 1 {mb} 0\nV 1 1 {mb} 0\nW 0 1\n"
+            f"R 1\nV 0 0 {mb} 0\nW 0\nS 1 0 {mb} 0\nV 2 2 {mb} 0\nW 1 2\n"
+            f"R 2\nS 0 1 {mb} 0\nW 0\n")
+    base = platforms.Spec(hosts=3, link_Bps=1e9, rtt_s=0, shm_lat_s=0, send_overhead_s=0, tcp_window_B=1e12)
+    eager = _replay_text(text, base, tmp_path)["sim_seconds"]
+    rdv = _replay_text(text, base.but(rendezvous_B=1 << 20), tmp_path)["sim_seconds"]
+    assert eager == pytest.approx(0.3, rel=1e-3), eager
+    # (SimGrid's cross traffic: the answer's acknowledgements share rank 1's link, 5% of its bytes)
+    assert rdv == pytest.approx(0.2, rel=0.03), rdv
+    # through the arena's buckets (1 MB deep, refilled at the link's 1 GB/s, drained at 10): a
+    # large message is charged when its receive is posted; each waits out its 99 MB of debt (0.099 s)
+    # and drains in 0.01: rank 0's by 0.109, the answer and rank 2's side by side by 0.218
+    shaped = base.but(link_Bps=1e9, burst_B=1e6, burst_Bps=1e10, rendezvous_B=1 << 20)
+    assert _replay_text(text, shaped, tmp_path)["sim_seconds"] == pytest.approx(0.218, rel=0.01)
+
+
+@pytest.mark.skipif(not _has_simgrid_dev(), reason="needs libsimgrid-dev (scripts/install-deps.sh --sim)")
 def test_a_schedule_that_deadlocks_is_an_error_not_a_time(tmp_path):
     """A receive no one sends to: SimGrid ends the run quietly; the replayer must say so, not print 0 s."""
     import platforms  # noqa: PLC0415

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 # Fields added after results/sim/projection-cells.jsonl was replayed: replay.spec_arg leaves
 # them out at their default, so the cached cells' input digests hold.
-SINCE_CACHE = ("sndbuf_B", "runq", "spin_s", "spin_bytes")
+SINCE_CACHE = ("sndbuf_B", "runq", "spin_s", "spin_bytes", "rendezvous_B")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ class Spec:
     # socket buffer took it; HARP's tcp isend completes when its bytes are written), not when
     # they arrive. Without a per-flow cap only.
     sndbuf_B: float = 0.0
+    # > 0: a message of more bytes moves only once its receive is posted (a TCP sender stalls
+    # once the socket buffers hold what the receiver has not asked for); 0: every message is
+    # eager. harp_replay only.
+    rendezvous_B: float = 0.0
 
     @property
     def nic_Bps(self) -> float:

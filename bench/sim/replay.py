@@ -104,6 +104,9 @@ def simulate(sched: schedule.Schedule, spec: platforms.Spec, timeout_s: float = 
         raise ValueError(f"replay: engine must be cpp or python, not {engine!r}")
     if spec.cores > 0:
         raise ValueError("replay: the Python replayer has no shared cores (Spec.cores > 0); use engine='cpp'")
+    if spec.rendezvous_B > 0:
+        raise ValueError("replay: the Python replayer sends every message eagerly (Spec.rendezvous_B > 0); "
+                         "use engine='cpp'")
     if any(op[0] in "AJ" for ops in sched.ranks for op in ops):
         raise ValueError("replay: the Python replayer has no lanes (A/E/J lines); use engine='cpp'")
     job = json.dumps({"spec": dataclasses.asdict(spec), "schedule": sched.text, "iterations": iterations,

@@ -36,6 +36,13 @@
 //   * cores > 0 (the arena: every emulated host on one machine's cores): each
 //     message's CPU and every X runs on one shared host of that many cores, so
 //     ranks busy at once queue for them; cores = 0: each rank its own core;
+//   * rendezvous_B > 0: a message of more bytes moves only once its receive
+//     is posted (its own mailbox, with no permanent receiver), as a TCP
+//     sender stalls once the socket buffers hold what the receiver has not
+//     asked for; without it a rank a step ahead (the next iteration's
+//     exchange) pushes a whole large message into a link another message
+//     needs. Matching stays per pair and FIFO within each class (a send and
+//     its receive have the same bytes in harp_sched's output);
 //   * sndbuf_B > 0: a send between hosts of at most sndbuf_B bytes is done
 //     once posted, as a TCP send is once the kernel's socket buffer took it
 //     (HARP's tcp isend completes when its bytes are written): a W on it
@@ -108,7 +115,7 @@ struct Spec {
   int hosts = 0, local = 1;
   double link_Bps = 119.6e6, rtt_s = 42e-6, flow_cap_Bps = 0, shm_Bps = 8e9, shm_lat_s = 1e-6, reduce_Bps = 3e9,
          send_overhead_s = 5e-6, tcp_window_B = 4 * 1024 * 1024, burst_B = 0, burst_Bps = 0, wake_s = 0,
-         sndbuf_B = 0, spin_s = 0, spin_bytes = 0;
+         sndbuf_B = 0, spin_s = 0, spin_bytes = 0, rendezvous_B = 0;
   int cores = 0;  // > 0: every rank's CPU work runs on one shared host of this many cores
   int runq = 0;   // > 0 with cores: a rank holds a core while it runs, queues for one when it wakes
   // A wait that blocks ends this much after its last request: wake_s per rank beyond the
@@ -142,7 +149,7 @@ Spec parseSpec(const std::string& s) {
       {"send_overhead_s", &sp.send_overhead_s}, {"tcp_window_B", &sp.tcp_window_B},
       {"burst_B", &sp.burst_B},           {"burst_Bps", &sp.burst_Bps}, {"wake_s", &sp.wake_s},
       {"sndbuf_B", &sp.sndbuf_B},         {"spin_s", &sp.spin_s},
-      {"spin_bytes", &sp.spin_bytes}};
+      {"spin_bytes", &sp.spin_bytes},     {"rendezvous_B", &sp.rendezvous_B}};
   std::stringstream in(s);
   std::string kv;
   while (std::getline(in, kv, ',')) {
@@ -167,6 +174,8 @@ Spec parseSpec(const std::string& s) {
   if (sp.burst_B > 0 && sp.burst_Bps <= 0) fail("--spec: burst_B needs burst_Bps > 0");
   if (sp.runq > 0 && sp.cores < 1) fail("--spec: runq needs cores >= 1 (the cores it queues for)");
   if (sp.spin_s > 0 && sp.runq < 1) fail("--spec: spin_s needs runq (a spin holds one of its cores)");
+  if (sp.rendezvous_B > 0 && sp.flow_cap_Bps > 0)
+    fail("--spec: rendezvous_B with flow_cap_Bps is not modelled (a connection's stream keeps its messages' order)");
   return sp;
 }
 
@@ -399,6 +408,9 @@ struct Sim {
   std::vector<int> finished;                         // [rank]: iterations done
   std::vector<std::pair<double, double>> buckets;    // [tokens, last refill]: up h, then down h
   std::unordered_map<const sg4::Mailbox*, double> conn_free;  // a connection's bytes all sent at the cap by then
+  // Spec::rendezvous_B with the tbf bucket: per rendezvous mailbox, one release per receive
+  // posted; a large message is charged to the buckets when its receive is there, not before.
+  std::unordered_map<const sg4::Mailbox*, sg4::SemaphorePtr> posted_recvs;
 
   // The seconds a message that the buckets hold `hold` s must also wait for
   // its connection's earlier messages (see the header: one stream per pair).
@@ -584,7 +596,10 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st, bool cor
         const uint64_t bytes = std::max<uint64_t>(o.bytes, 1);
         const bool inter = r / sp.local != o.peer / sp.local;
         const bool serial = g_conn_serial && sp.flow_cap_Bps > 0 && inter;  // one stream per connection
-        double hold = sp.burst_B > 0 && inter ? sim->shaped(r, o.peer, o.bytes) : 0;
+        // A rendezvous message through the buckets: charged when its receive is posted (below).
+        auto rdv = sim->posted_recvs.find(o.mb);
+        const bool late_charge = inter && sp.burst_B > 0 && rdv != sim->posted_recvs.end();
+        double hold = sp.burst_B > 0 && inter && !late_charge ? sim->shaped(r, o.peer, o.bytes) : 0;
         if (serial) hold = sim->serialised(o.mb, bytes, hold);
         Req& q = reqs[o.id];
         if (q.live) q.done(st);  // a request id reused before its wait (never in harp_sched's output)
@@ -592,7 +607,18 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st, bool cor
         // Done once the socket buffer took it (sndbuf_B): nothing for a W to wait on.
         const bool buffered = sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B;
         q.live = !buffered;
-        if (hold > 0 && serial) {
+        if (late_charge) {
+          sg4::Mailbox* mb = o.mb;
+          sg4::SemaphorePtr ready = rdv->second;
+          const int peer = o.peer;
+          const uint64_t raw = o.bytes;
+          sg4::ActorPtr held = sg4::Actor::create("rdv" + std::to_string(r), sim->hosts[r], [sim, r, peer, raw, mb, bytes, ready]() {
+            ready->acquire();  // the receive is posted: the bytes start now
+            sg4::this_actor::sleep_for(sim->shaped(r, peer, raw));
+            mb->put(&g_payload, bytes);
+          });
+          if (!buffered) q.held = held;
+        } else if (hold > 0 && serial) {
           defer(sim, r, st, o, bytes, hold);
         } else if (hold > 0) {
           sg4::Mailbox* mb = o.mb;
@@ -614,6 +640,7 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st, bool cor
         if (q.live) q.done(st);
         q.live = true;
         q.bytes = o.bytes;
+        if (auto rdv = sim->posted_recvs.find(o.mb); rdv != sim->posted_recvs.end()) rdv->second->release();
         q.comm = o.mb->get_async(&q.payload);
         break;
       }
@@ -757,32 +784,43 @@ int main(int argc, char** argv) {
 
   // Mailboxes: one per (src, dst, comm) that carries a message; its receiver set (eager).
   std::unordered_map<uint64_t, sg4::Mailbox*> boxes;
-  auto box = [&](int src, int dst, int comm) {
-    const uint64_t key = (static_cast<uint64_t>(src) << 32) | (static_cast<uint64_t>(dst) << 7) | static_cast<uint64_t>(comm);
+  // A message over rendezvous_B goes through a second mailbox of the pair, which has no
+  // permanent receiver: it moves once its receive is posted.
+  auto large = [&](uint64_t bytes) { return sim.sp.rendezvous_B > 0 && static_cast<double>(bytes) > sim.sp.rendezvous_B; };
+  auto box = [&](int src, int dst, int comm, bool rdv) {
+    const uint64_t key = (static_cast<uint64_t>(src) << 32) | (static_cast<uint64_t>(dst) << 8) |
+                         (static_cast<uint64_t>(comm) << 1) | static_cast<uint64_t>(rdv);
     auto [it, fresh] = boxes.try_emplace(key, nullptr);
-    if (fresh) it->second = sg4::Mailbox::by_name(std::to_string(src) + ">" + std::to_string(dst) + ":" + std::to_string(comm));
+    if (fresh)
+      it->second = sg4::Mailbox::by_name(std::to_string(src) + ">" + std::to_string(dst) + ":" + std::to_string(comm) +
+                                         (rdv ? ":r" : ""));
     return it->second;
   };
   auto boxes_of = [&](int r, std::vector<Op>& ops) {
     for (Op& o : ops) {
-      if (o.kind == 'S') o.mb = box(r, o.peer, o.comm);
-      else if (o.kind == 'V') o.mb = box(o.peer, r, o.comm);
+      if (o.kind == 'S') o.mb = box(r, o.peer, o.comm, large(o.bytes));
+      else if (o.kind == 'V') o.mb = box(o.peer, r, o.comm, large(o.bytes));
     }
   };
   for (int r = 0; r < sched.p; ++r) {
     boxes_of(r, sched.ranks[r].ops);
     for (auto& job : sched.ranks[r].jobs) boxes_of(r, job);
   }
+  if (sim.sp.rendezvous_B > 0 && sim.sp.burst_B > 0)  // the buckets charge a large message when it can move
+    for (int r = 0; r < sched.p; ++r)
+      for (Op& o : sched.ranks[r].ops)
+        if (o.kind == 'V' && large(o.bytes) && !sim.posted_recvs.count(o.mb))
+          sim.posted_recvs.emplace(o.mb, sg4::Semaphore::create(0));
   sim.finish.assign(sched.p, std::vector<double>(iterations, 0.0));
   sim.finished.assign(sched.p, 0);
   sim.buckets.assign(2 * sim.sp.hosts, {sim.sp.burst_B, 0.0});
   for (int r = 0; r < sched.p; ++r) {
     auto a = sg4::Actor::create("rank" + std::to_string(r), sim.hosts[r], rankActor, &sim, r);
     for (Op& o : sched.ranks[r].ops)
-      if (o.kind == 'V') o.mb->set_receiver(a);
+      if (o.kind == 'V' && !large(o.bytes)) o.mb->set_receiver(a);
     for (auto& job : sched.ranks[r].jobs)
       for (Op& o : job)
-        if (o.kind == 'V') o.mb->set_receiver(a);
+        if (o.kind == 'V' && !large(o.bytes)) o.mb->set_receiver(a);
   }
   e.run();
   {  // SimGrid ends a deadlocked run quietly (a wait nothing completes): name the ranks stuck
