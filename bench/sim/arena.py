@@ -14,7 +14,11 @@ Sources (each the median over its repetitions of the slowest rank's time), in re
         the tuning table then made rd < 16K, hd 16K-2M, ring >= 2M
 and results/sim/arena-*.json: tuner_bench.py runs made for the calibration (2 and 8 hosts, a quiet
 machine, 2026-12-06; 6 hosts at RTT 1 ms again, quiet, 2026-12-06 17:11, which supersedes the two
-6-host files above). A point measured twice counts once: the later run's.
+6-host files above; 4 hosts at RTT 0 again, quiet, 2026-12-06 20:53, with the tree, which supersedes
+tuner-rtt-quiet.json's RTT 0 points. Up to 4 KB its recursive doubling and halving-doubling ran
+1.3-2.0 x faster than that file's and its ring 0.7-0.9 x as fast: 4 ranks on 2 cores at RTT 0 do
+not repeat within 15%. At 256 KB halving-doubling took 3.19 ms against 5.18, the ring 3.87 against
+3.25). A point measured twice counts once: the later run's.
 """
 
 from __future__ import annotations
