@@ -84,14 +84,15 @@ RUNQ_WAKES = (15e-6, 20e-6, 25e-6, 30e-6)
 RUNQ_BASE_RTTS = (5e-6, 10e-6, 20e-6)
 RUNQ_POLLS = (0.25e-6, 0.5e-6, 1e-6)
 RUNQ_DELAY_SCALES = (0.9, 0.95, 1.0)
-HARP_SPIN, HARP_SPIN_OVERSUBSCRIBED, HARP_SPIN_BYTES = 64, 4, 64 << 10  # base/params.def, connect.cc
+# HARP_SPIN, its value where ranks outnumber cores, HARP_SPIN_BYTES (base/params.def, connect.cc)
+SPIN_POLLS, SPIN_POLLS_OVERSUBSCRIBED, SPIN_BYTES = 64, 4, 64 << 10
 
 
 def spin_of(ranks: int, cores: int, poll_s: float) -> float:
     """A waiting rank's spin before it blocks, as HARP's wait spins (core/engine/context.cc):
     HARP_SPIN polls, then as many sched_yields (each counted as one poll), where the machine has
     a core per rank; 4 and 4 where ranks outnumber its cores (Communicator::adaptSpin)."""
-    return 2 * (HARP_SPIN if ranks <= cores else HARP_SPIN_OVERSUBSCRIBED) * poll_s
+    return 2 * (SPIN_POLLS if ranks <= cores else SPIN_POLLS_OVERSUBSCRIBED) * poll_s
 SNDBUFS = (16384, 65536, 262144, 4 << 20)  # Spec.sndbuf_B: tcp_wmem's initial 16 KB up to its 4 MB cap
 # Spec.rendezvous_B: what a sender may push before its receiver asks (0: everything eager)
 RENDEZVOUS = (0, 1 << 20, 4 << 20, 16 << 20)
@@ -104,7 +105,7 @@ def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_sca
         cache[key] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec = base.but(hosts=pt.hosts, local=1, rtt_s=base.rtt_s + delay_scale * pt.rtt_us * 1e-6)
     if base.runq and poll_s > 0:
-        spec = spec.but(spin_s=spin_of(pt.hosts, base.cores, poll_s), spin_bytes=HARP_SPIN_BYTES)
+        spec = spec.but(spin_s=spin_of(pt.hosts, base.cores, poll_s), spin_bytes=SPIN_BYTES)
     # the benchmark's loop: its warm-up calls, then the timed ones, back to back (the tbf
     # bucket as drained as the measured loop left it; the mean over the timed calls)
     return replay.simulate(cache[key], spec, iterations=pt.warmup + pt.iters, warmup=pt.warmup) * 1e6
@@ -186,8 +187,8 @@ def main() -> None:
     rows = run(pts, spec, cache, k, poll)
     cores = (f"{a.cores} cores every rank queues for, first come first served: each message's overhead, "
              f"{spec.wake_s * 1e6:g} us of CPU per wake-up, and a waiting rank's polls of {poll * 1e6:g} us "
-             f"each ({2 * HARP_SPIN} with a core per rank, {2 * HARP_SPIN_OVERSUBSCRIBED} on fewer cores, none "
-             f"above {HARP_SPIN_BYTES >> 10} KB) before it blocks" if a.runq else
+             f"each ({2 * SPIN_POLLS} with a core per rank, {2 * SPIN_POLLS_OVERSUBSCRIBED} on fewer cores, none "
+             f"above {SPIN_BYTES >> 10} KB) before it blocks" if a.runq else
              f"{a.cores} cores shared by every rank, a blocked rank waits {spec.wake_s * 1e6:g} us per rank beyond "
              "them for one" if a.cores else "a core per rank")
     md = (f"Fitted ({cores}): {spec.send_overhead_s * 1e6:g} us CPU per message, a base round trip of "
