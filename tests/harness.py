@@ -25,6 +25,11 @@ class RankFailure(AssertionError):
 
 
 def _child(fn, rank, size, uid_hex, env, q, args):
+    # A rank that crashes (SIGSEGV, SIGABRT) prints its Python stack to stderr, which pytest shows
+    # with the failure: the parent only sees ("died", -11).
+    import faulthandler
+
+    faulthandler.enable()
     try:
         os.environ.update({"HARP_UNIQUE_ID": uid_hex, "HARP_RANK": str(rank), "HARP_WORLD_SIZE": str(size),
                            "HARP_LOCAL_RANK": str(rank)})
