@@ -39,14 +39,15 @@ The arena platform's constants, and where each comes from:
   cores (--cores)   0: each emulated host its own core; N: every rank's CPU work on N shared
                     cores (the arena runs all its hosts on this machine's cores), and a wait
                     that blocks ends wake_s x (ranks - N) / N late (WAKES, fitted with the rest)
-  run queue         --cores N --runq: the N cores are a run queue for the short work instead
-                    (Spec.runq): each message's overhead and each wake-up's wake_s of CPU
-                    (RUNQ_WAKES, fitted with the rest) take the first free core, first come
-                    first served. Ranks that all wake at once then leave in turn, and ranks
-                    out of step (a ring at RTT 1 ms) pay no queue; with the fixed wait above,
+  run queue         --cores N --runq: the N cores are a run queue instead (Spec.runq): a rank
+                    holds one while it runs and gives it up when a wait blocks; woken, it waits
+                    in line for a core (first come first served) and spends wake_s on it
+                    (RUNQ_WAKES, fitted with the rest). Ranks that all wake at once then
+                    leave in turn, and ranks out of step (a ring at RTT 1 ms) pay no queue;
+                    with the fixed wait above,
                     every blocked wait of 8 ranks on 2 cores paid 60 us (the ring and
                     halving-doubling at 8 hosts, RTT 1 ms, 64 B - 256 KB: 1.13-1.24 x measured).
-                    A waiting rank first polls on a core (Spec.spin_s) as HARP's wait does:
+                    A waiting rank first polls on its core (Spec.spin_s) as HARP's wait does:
                     64 polls and 64 yields with a core per rank, 4 and 4 where ranks
                     outnumber cores, none above 64 KB pending (spin_of; the time of one poll
                     RUNQ_POLLS, fitted); what arrives meanwhile costs no wake-up. So 2 ranks
@@ -86,6 +87,9 @@ RUNQ_POLLS = (0.25e-6, 0.5e-6, 1e-6)
 RUNQ_DELAY_SCALES = (0.9, 0.95, 1.0)
 # HARP_SPIN, its value where ranks outnumber cores, HARP_SPIN_BYTES (base/params.def, connect.cc)
 SPIN_POLLS, SPIN_POLLS_OVERSUBSCRIBED, SPIN_BYTES = 64, 4, 64 << 10
+SNDBUFS = (16384, 65536, 262144, 4 << 20)  # Spec.sndbuf_B: tcp_wmem's initial 16 KB up to its 4 MB cap
+# Spec.rendezvous_B: what a sender may push before its receiver asks (0: everything eager)
+RENDEZVOUS = (0, 1 << 20, 4 << 20, 16 << 20)
 
 
 def spin_of(ranks: int, cores: int, poll_s: float) -> float:
@@ -93,9 +97,6 @@ def spin_of(ranks: int, cores: int, poll_s: float) -> float:
     HARP_SPIN polls, then as many sched_yields (each counted as one poll), where the machine has
     a core per rank; 4 and 4 where ranks outnumber its cores (Communicator::adaptSpin)."""
     return 2 * (SPIN_POLLS if ranks <= cores else SPIN_POLLS_OVERSUBSCRIBED) * poll_s
-SNDBUFS = (16384, 65536, 262144, 4 << 20)  # Spec.sndbuf_B: tcp_wmem's initial 16 KB up to its 4 MB cap
-# Spec.rendezvous_B: what a sender may push before its receiver asks (0: everything eager)
-RENDEZVOUS = (0, 1 << 20, 4 << 20, 16 << 20)
 
 
 def simulate_point(pt: arena.Point, base: platforms.Spec, cache: dict, delay_scale: float = 1.0,
@@ -172,7 +173,7 @@ def main() -> None:
     ap.add_argument("--md", default=None, help="write the markdown table here (default: stdout)")
     ap.add_argument("--cores", type=int, default=0, help="shared cores of the arena's machine (0: a core per rank)")
     ap.add_argument("--runq", action="store_true",
-                    help="with --cores: the cores are a run queue for messages and wake-ups (Spec.runq)")
+                    help="with --cores: the cores are a run queue, a rank queueing for one when it wakes (Spec.runq)")
     a = ap.parse_args()
     if a.cores < 0:
         ap.error("--cores must be >= 0")
@@ -185,8 +186,8 @@ def main() -> None:
             cache[(pt.algo, pt.hosts, pt.nbytes)] = schedule.emit(pt.algo, pt.hosts, pt.nbytes, pt.hosts)
     spec, k, poll = fit(pts, cache, ARENA.but(cores=a.cores, runq=int(a.runq)))
     rows = run(pts, spec, cache, k, poll)
-    cores = (f"{a.cores} cores every rank queues for, first come first served: each message's overhead, "
-             f"{spec.wake_s * 1e6:g} us of CPU per wake-up, and a waiting rank's polls of {poll * 1e6:g} us "
+    cores = (f"{a.cores} cores a rank holds while it runs and queues for, first come first served, when it "
+             f"wakes: {spec.wake_s * 1e6:g} us of CPU per wake-up, and a waiting rank's polls of {poll * 1e6:g} us "
              f"each ({2 * SPIN_POLLS} with a core per rank, {2 * SPIN_POLLS_OVERSUBSCRIBED} on fewer cores, none "
              f"above {SPIN_BYTES >> 10} KB) before it blocks" if a.runq else
              f"{a.cores} cores shared by every rank, a blocked rank waits {spec.wake_s * 1e6:g} us per rank beyond "

@@ -53,12 +53,12 @@ class Spec:
     # With cores > 0 and more ranks than cores: a wait that blocks ends wake_s x (ranks - cores)
     # / cores after its data arrived (the woken rank queues for a core). harp_replay only.
     wake_s: float = 0.0
-    # > 0 with cores > 0: the cores are a run queue instead. A message's send overhead and,
-    # after a wait that blocked, wake_s of the woken rank's CPU each take the first free core
-    # and hold it (first come first served); X stays on the shared cores. harp_replay only.
+    # > 0 with cores > 0: the cores are a run queue instead. A rank holds one while it runs (its
+    # send overheads and X lines at the core's rate) and gives it up when a wait blocks; woken,
+    # it waits in line for a core (first come first served) and spends wake_s on it. harp_replay only.
     runq: int = 0
-    # > 0 with runq: a wait first polls on a core (taken in line) for up to spin_s; what arrives
-    # meanwhile costs no wake-up, and the spinner keeps that core from the ranks in line.
+    # > 0 with runq: a wait first polls on the rank's core for up to spin_s; what arrives
+    # meanwhile costs no wake-up, and the core stays taken from the ranks in line.
     spin_s: float = 0.0
     spin_bytes: float = 0.0  # > 0: a wait on more pending bytes than this does not spin (HARP_SPIN_BYTES)
     # > 0: a send between hosts of at most sndbuf_B bytes is done once posted (TCP: once the

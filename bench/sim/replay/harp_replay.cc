@@ -607,23 +607,23 @@ void runOps(Sim* sim, int r, const std::vector<Op>& ops, RankState& st, bool cor
         // Done once the socket buffer took it (sndbuf_B): nothing for a W to wait on.
         const bool buffered = sp.sndbuf_B > 0 && !serial && inter && o.bytes <= sp.sndbuf_B;
         q.live = !buffered;
-        if (late_charge) {
+        if (hold > 0 && serial) {
+          defer(sim, r, st, o, bytes, hold);
+        } else if (hold > 0 || late_charge) {
+          // A helper actor holds it (the rank goes on) until the buckets have refilled its debt,
+          // then sends; a rendezvous message is charged only once its receive is posted.
           sg4::Mailbox* mb = o.mb;
-          sg4::SemaphorePtr ready = rdv->second;
+          sg4::SemaphorePtr ready = late_charge ? rdv->second : nullptr;
           const int peer = o.peer;
           const uint64_t raw = o.bytes;
-          sg4::ActorPtr held = sg4::Actor::create("rdv" + std::to_string(r), sim->hosts[r], [sim, r, peer, raw, mb, bytes, ready]() {
-            ready->acquire();  // the receive is posted: the bytes start now
-            sg4::this_actor::sleep_for(sim->shaped(r, peer, raw));
-            mb->put(&g_payload, bytes);
-          });
-          if (!buffered) q.held = held;
-        } else if (hold > 0 && serial) {
-          defer(sim, r, st, o, bytes, hold);
-        } else if (hold > 0) {
-          sg4::Mailbox* mb = o.mb;
-          sg4::ActorPtr held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r], [mb, bytes, hold]() {
-            sg4::this_actor::sleep_for(hold);
+          sg4::ActorPtr held = sg4::Actor::create("held" + std::to_string(r), sim->hosts[r],
+                                                  [sim, r, peer, raw, mb, bytes, hold, ready]() {
+            double wait = hold;
+            if (ready) {
+              ready->acquire();  // the receive is posted: the bytes start now
+              wait = sim->shaped(r, peer, raw);
+            }
+            sg4::this_actor::sleep_for(wait);
             mb->put(&g_payload, bytes);
           });
           if (!buffered) q.held = held;
@@ -799,18 +799,17 @@ int main(int argc, char** argv) {
   auto boxes_of = [&](int r, std::vector<Op>& ops) {
     for (Op& o : ops) {
       if (o.kind == 'S') o.mb = box(r, o.peer, o.comm, large(o.bytes));
-      else if (o.kind == 'V') o.mb = box(o.peer, r, o.comm, large(o.bytes));
+      if (o.kind != 'V') continue;
+      o.mb = box(o.peer, r, o.comm, large(o.bytes));
+      // Through the buckets a large message is charged when it can move: its receive posted.
+      if (large(o.bytes) && sim.sp.burst_B > 0)
+        if (auto [it, fresh] = sim.posted_recvs.try_emplace(o.mb); fresh) it->second = sg4::Semaphore::create(0);
     }
   };
   for (int r = 0; r < sched.p; ++r) {
     boxes_of(r, sched.ranks[r].ops);
     for (auto& job : sched.ranks[r].jobs) boxes_of(r, job);
   }
-  if (sim.sp.rendezvous_B > 0 && sim.sp.burst_B > 0)  // the buckets charge a large message when it can move
-    for (int r = 0; r < sched.p; ++r)
-      for (Op& o : sched.ranks[r].ops)
-        if (o.kind == 'V' && large(o.bytes) && !sim.posted_recvs.count(o.mb))
-          sim.posted_recvs.emplace(o.mb, sg4::Semaphore::create(0));
   sim.finish.assign(sched.p, std::vector<double>(iterations, 0.0));
   sim.finished.assign(sched.p, 0);
   sim.buckets.assign(2 * sim.sp.hosts, {sim.sp.burst_B, 0.0});
