@@ -8,7 +8,10 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "base/env.h"
+#include "base/fork.h"
 #include "base/log.h"
 #include "bootstrap/crypto.h"
 #include "bootstrap/rendezvous.h"
@@ -32,7 +35,7 @@ double resolveTimeout(double given) {
 // Creation
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, CommOptions opts)
-    : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
+    : store_(std::move(store)), made_in_(forkGeneration()), rank_(rank), size_(size), opts_(std::move(opts)) {
   timeout_s_ = resolveTimeout(opts_.timeout_s);
   tuning_ = TuningTable::fromEnvironment();
   calibration_ = Calibration::fromEnvironment();
@@ -114,6 +117,7 @@ std::string Communicator::transportName(int peer) const {
 // Breaking and destroying
 
 void Communicator::markBroken(const std::string& why) {
+  if (inheritedAcrossFork(made_in_)) return;  // the parent's connections: not ours to break
   {
     std::lock_guard<std::mutex> g(broken_mu_);
     if (broken_.load()) return;
@@ -143,6 +147,7 @@ std::string Communicator::brokenReason() {
 }
 
 void Communicator::abort(const std::string& reason) {
+  refuseIfInherited("abort");
   markBroken("aborted by rank " + std::to_string(rank_) + ": " + reason);
 }
 
@@ -151,7 +156,43 @@ void Communicator::refuseRooted(CollType c, const std::string& why) {
     markBroken("rank " + std::to_string(rank_) + ", the root, refused its own " + collName(c) + " arguments: " + why);
 }
 
+void Communicator::refuseIfInherited(const char* what) const {
+  if (!inheritedAcrossFork(made_in_)) [[likely]]
+    return;
+  throw InvalidArgument(std::string(what) + " on " + describeRank(rank_) + "'s communicator in process " +
+                        std::to_string(::getpid()) + ", a fork of the process that created it: a communicator "
+                        "cannot be used in a forked child (its connections are the parent's). Create one in the "
+                        "child, or start children with the 'spawn' or 'forkserver' method");
+}
+
+// The child's copy of a communicator made before a fork: its threads are the
+// parent's (joining one crashes), its sockets and shared memory are shared
+// with the parent's copy (a goodbye, a shutdown or an abort notice would
+// break the parent's job), and a lock a parent thread held at the fork stays
+// held. So: no lock, no message, no join; everything that would tear
+// something down is moved into a box that is never freed, and the child's
+// exit releases its copies of the descriptors and mappings.
+void Communicator::abandonInherited() {
+  if (destroyed_) return;
+  destroyed_ = true;
+  struct Inherited {
+    std::thread worker;
+    std::unique_ptr<KeepAlive> keepalive;
+    std::unique_ptr<SubComms> subs;
+    std::vector<std::unique_ptr<transport::Transport>> transports;
+    std::shared_ptr<Store> store;
+    std::shared_ptr<obs::Recorder> recorder;
+    std::shared_ptr<CompressEngine> compress;
+  };
+  // Leaked on purpose (see above); a std::thread moved out is no longer joinable here.
+  new Inherited{std::move(worker_), std::move(keepalive_), std::move(subs_), std::move(res_.transports),
+                std::move(store_), std::move(recorder_), std::move(compress_)};
+  res_.pair_of.assign(size_, nullptr);
+  res_.transport_of.assign(size_, nullptr);
+}
+
 void Communicator::destroy() {
+  if (inheritedAcrossFork(made_in_)) return abandonInherited();
   {
     std::lock_guard<std::mutex> l(q_mu_);
     if (destroyed_) return;

@@ -22,6 +22,13 @@
 // calls themselves. Overlapping calls from two threads are detected (an atomic
 // owner word, see CallGuard), break the communicator on every rank and raise
 // InvalidArgument naming both threads. abort() may come from any thread.
+//
+// Fork: a communicator belongs to the process that made it. A child forked
+// after its creation (multiprocessing "fork", a DataLoader worker) that calls
+// it gets InvalidArgument naming both processes, and the parent's job is not
+// disturbed; the child's copy, when destroyed or garbage-collected, lets go of
+// everything without tearing anything down (base/fork.h). Make a new
+// communicator in the child instead.
 #pragma once
 
 #include <atomic>
@@ -152,10 +159,14 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   void closingCheck(const CollArgs& a, uint32_t seq, bool deferred);
   inline void finish(CallPlan& p);
   void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
+  // Fork (base/fork.h): throws InvalidArgument for `what` in a process forked from the maker.
+  void refuseIfInherited(const char* what) const;
+  void abandonInherited();  // destroy() in such a process: let go of everything, tear nothing down
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);
 
   std::shared_ptr<Store> store_;
+  uint64_t made_in_;  // forkGeneration() at creation (base/fork.h)
   int rank_, size_;
   double timeout_s_;
   CommOptions opts_;

@@ -122,7 +122,10 @@ std::string Communicator::keepAliveVerdict(const std::string& failure) {
   }
 }
 
-void Communicator::revoke() { markBroken(std::string(kRevokedMark) + std::to_string(rank_)); }
+void Communicator::revoke() {
+  refuseIfInherited("revoke");
+  markBroken(std::string(kRevokedMark) + std::to_string(rank_));
+}
 
 bool Communicator::revoked() {
   std::lock_guard<std::mutex> g(broken_mu_);
@@ -132,6 +135,7 @@ bool Communicator::revoked() {
 std::vector<int> Communicator::failedRanks() const { return keepalive_ ? keepalive_->failed() : std::vector<int>{}; }
 
 Communicator::Agreement Communicator::agree(bool flag) {
+  refuseIfInherited("agree");
   if (destroyed_ || !store_) throw InvalidArgument("agree: the communicator has been destroyed");
   Store& st = *store_;
   const std::string pre = ftPrefix("agree", ++agree_seq_);
@@ -186,6 +190,7 @@ Communicator::Agreement Communicator::agree(bool flag) {
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>* exclude) {
+  refuseIfInherited("shrink");
   if (destroyed_ || !store_) throw InvalidArgument("shrink: the communicator has been destroyed");
   std::vector<int> ex = exclude ? *exclude : agree(true).failed;
   std::vector<char> out(size_, 0);
@@ -212,6 +217,7 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>* exclu
 }
 
 std::shared_ptr<Communicator> Communicator::grow(int new_size, const UniqueId* id) {
+  refuseIfInherited("grow");
   if (destroyed_ || !store_) throw InvalidArgument("grow: the communicator has been destroyed");
   if (new_size <= size_)
     throw InvalidArgument("grow: the new size " + std::to_string(new_size) + " must exceed the current size " +
