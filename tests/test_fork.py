@@ -8,7 +8,9 @@ then forks a child, as a DataLoader worker or a multiprocessing "fork" child doe
     joined the keep-alive thread, which exists only in the parent: SIGSEGV) and must not tell the
     parent's peers anything.
 Then the parent ranks go on: allreduce and barrier on the same communicator give the right
-answer, so nothing the children did reached the job.
+answer, so nothing the children did reached the job. The same through the NCCL API
+(ncclAllReduce, ncclCommFinalize, ncclCommAbort refused with ncclInvalidUsage; ncclCommDestroy
+forgets the child's copy).
 """
 
 from __future__ import annotations
@@ -92,3 +94,43 @@ def test_forked_child_cannot_use_or_break_an_inherited_communicator(transport, h
     for rank, (child, ok) in enumerate(out):
         assert child == 0, f"rank {rank}: the forked child's '{how}' ended with {child} (negative: a signal)"
         assert ok, f"rank {rank}: the parent's allreduce after the child's '{how}' gave a wrong sum"
+
+
+def _rank_nccl_inherited(rank, size, how):
+    from harp import nccl
+
+    comm = nccl.NcclCommunicator(size, bytes.fromhex(os.environ["HARP_UNIQUE_ID"]), rank)
+    n = 513
+    x = np.full(n, rank + 1, np.float32)
+    comm.allReduce(x.ctypes.data, x.ctypes.data, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+
+    def use():
+        for call in (lambda: comm.allReduce(x.ctypes.data, x.ctypes.data, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM),
+                     comm.finalize, comm.abort):
+            try:
+                call()
+                return 1
+            except nccl.NcclError as e:
+                if e.status != nccl.NCCL_INVALID_USAGE or "forked" not in str(e):
+                    return 1
+        return 0
+
+    def destroy():
+        comm.destroy()  # ncclCommDestroy on the child's copy: forgotten, nothing joined or sent
+        return 0
+
+    child = _in_child({"use": use, "destroy": destroy}[how])
+    y = np.full(n, rank + 1, np.float32)
+    comm.allReduce(y.ctypes.data, y.ctypes.data, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM)
+    ok = bool(np.all(y == size * (size + 1) / 2)) and bool(np.all(x == size * (size + 1) / 2))
+    comm.destroy()
+    return child, ok
+
+
+@pytest.mark.parametrize("how", ("use", "destroy"))
+def test_forked_child_cannot_use_or_break_an_inherited_nccl_communicator(how):
+    out = harness.run_ranks(3, _rank_nccl_inherited, how, env={"HARP_TRANSPORT": "tcp", "HARP_TIMEOUT": "60"},
+                            timeout=200)
+    for rank, (child, ok) in enumerate(out):
+        assert child == 0, f"rank {rank}: the forked child's '{how}' ended with {child} (negative: a signal)"
+        assert ok, f"rank {rank}: the parent's ncclAllReduce after the child's '{how}' gave a wrong sum"

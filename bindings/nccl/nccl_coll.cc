@@ -75,6 +75,7 @@ ReduceOp toOp(ncclRedOp_t op) {
 ncclResult_t check(const Op& o) {
   std::string fn = o.name;
   if (!o.c) return fail(ncclInvalidArgument, fn + ": comm is NULL or not a HARP communicator");
+  if (ncclResult_t r = refuseInherited(o.c, fn.c_str()); r != ncclSuccess) return r;
   if (ncclResult_t r = ensureReady(o.c); r != ncclSuccess) return r;
   if (o.c->async_error.load() != ncclSuccess) {
     std::lock_guard<std::mutex> g(o.c->err_mu);
@@ -478,6 +479,14 @@ namespace harp::nccl {
 bool inGroup() { return t_group.depth > 0; }
 
 void deferToGroupEnd(std::function<int()> fn) { t_group.deferred.push_back(std::move(fn)); }
+
+ncclResult_t refuseInherited(ncclCommImpl* c, const char* fn) {
+  if (!inheritedAcrossFork(c->made_in)) [[likely]]
+    return ncclSuccess;
+  return fail(ncclInvalidUsage, std::string(fn) + ": the communicator of rank " + std::to_string(c->rank) +
+                                    " was created before this process was forked from its creator; a forked "
+                                    "child cannot use it (create one in the child)");
+}
 
 ncclResult_t ensureReady(ncclCommImpl* c) {
   int s = c->init_state.load();

@@ -148,6 +148,12 @@ void waitInactive(ncclCommImpl* c, double seconds) {
 
 // Shared tail of destroy and abort.
 void release(ncclCommImpl* c, bool aborting) {
+  if (inheritedAcrossFork(c->made_in)) {
+    // A forked child's copy: its threads are the parent's (a join crashes) and its connections
+    // too. Forgotten, never freed; the core's communicator inside lets go the same way.
+    c->magic = 0;
+    return;
+  }
   if (c->init_thread.joinable()) c->init_thread.join();
   if (!aborting) c->engine.drain();
   waitInactive(c, aborting ? 10.0 : (c->comm ? c->comm->timeout() : 60.0));
@@ -309,6 +315,7 @@ HARP_NCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   HARP_NCCL_ENTER();
   ncclCommImpl* c = impl(comm);
   if (!c) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL or not a HARP communicator");
+  if (ncclResult_t r = refuseInherited(c, "ncclCommFinalize"); r != ncclSuccess) return r;
   if (ncclResult_t r = ensureReady(c); r != ncclSuccess) return r;
   c->engine.drain();
   waitInactive(c, c->comm ? c->comm->timeout() : 60.0);
@@ -336,6 +343,7 @@ HARP_NCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   ncclCommImpl* c = impl(comm);
   if (!c) return fail(ncclInvalidArgument, "ncclCommAbort: not a HARP communicator (already destroyed?)");
+  if (ncclResult_t r = refuseInherited(c, "ncclCommAbort"); r != ncclSuccess) return r;
   try {
     if (c->comm) c->comm->abort("ncclCommAbort called on rank " + std::to_string(c->rank));
     release(c, true);

@@ -30,6 +30,7 @@
 
 #include "bindings/nccl/cuda_rt.h"
 #include "bindings/nccl/nccl.h"
+#include "base/fork.h"
 #include "core/engine/communicator.h"
 
 namespace harp::nccl {
@@ -107,6 +108,7 @@ class Engine {
 
 struct ncclCommImpl {
   uint64_t magic = kCommMagic;
+  uint64_t made_in = forkGeneration();  // base/fork.h: a forked child's copy is neither used nor torn down
   std::shared_ptr<Communicator> comm;
   int rank = 0, nranks = 0, cuda_dev = 0;
   bool blocking = true;
@@ -170,6 +172,9 @@ bool inGroup();
 void deferToGroupEnd(std::function<int()> fn);  // fn returns an ncclResult_t
 // Wait for a communicator's deferred/nonblocking creation; its result.
 ncclResult_t ensureReady(ncclCommImpl* c);
+// ncclInvalidUsage naming `fn` and the fork when `c` was made in a process this one was forked
+// from (base/fork.h): its engine thread is the parent's, so a queued call would never run.
+ncclResult_t refuseInherited(ncclCommImpl* c, const char* fn);
 // Fault tolerance: create `c` (owned from here) with `make`, now, in
 // the group or in the background, after reading `cfg` (nccl_init.cc). fresh:
 // a communicator not derived from a parent (takes the current CUDA device).
