@@ -2,7 +2,8 @@
 TCP and tbf counters read around each run: is a slow point losing packets?
 
     python3 bench/vpc/tcp_counters.py --hosts 8 [--delay 500us] [--sizes 262144,1048576,16777216] \\
-        [--repeat 2] [--ss] recursive_doubling halving_doubling recursive_doubling@HARP_SOCKET_BUFSIZE=4M
+        [--repeat 2] [--ss] [--tbf-latency 20ms,3ms,1ms] [--out F.json] \\
+        recursive_doubling halving_doubling recursive_doubling@HARP_TCP_CONGESTION=bbr
 
 An algorithm may carry extra environment for its ranks (ALGO@VAR=V+VAR2=V2, as arena_bench's
 libraries do), so variants run in the same arena one after another.
@@ -15,7 +16,9 @@ sockets are read with `ss -tni` every --ss-every seconds while a run goes, and t
 the samples of its busiest socket are printed: cwnd (segments), srtt (ms), bytes not yet sent
 (notsent), send and receive queue, the receiver's advertised window space (rcv_space) and the
 delivery rate the kernel estimates, and the fraction of the machine's cores busy since the last
-sample (cpu_busy, /proc/stat). Needs root (network namespaces).
+sample (cpu_busy, /proc/stat). --tbf-latency runs everything again at each queue limit of the
+cluster's tbfs (how much each keeps before it drops; the cluster is made with 20 ms). --out writes
+the rows as stamped JSON. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import arena_bench  # noqa: E402  (puts python/ on the path)
+import stamp  # noqa: E402
 from harp_dev.cluster import net, topology as topo  # noqa: E402
 
 NSTAT = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPLostRetransmit", "TcpExtTCPTimeouts")
@@ -107,11 +111,22 @@ class Sampler(threading.Thread):
         self.join()
 
     def summary(self):
+        """{field: median} over the samples with bytes queued (all samples if none had), and
+        "samples": (those, all)."""
         busy = [r for r in self.rows if r["send_q"] or r["recv_q"]] or self.rows
-        if not busy:
-            return "ss: no sample"
-        return f"ss({len(busy)}/{len(self.rows)}): " + " ".join(
-            f"{k}={statistics.median(r[k] for r in busy):.4g}" for k in SS_FIELDS)
+        out = {k: statistics.median(r[k] for r in busy) for k in SS_FIELDS} if busy else {}
+        return dict(out, samples=[len(busy), len(self.rows)])
+
+
+def set_tbf_latency(name, hosts, rate, latency):
+    """Every tbf of the cluster (each host's eth0, each switch port toward a host) at `latency`:
+    the queue a tbf keeps (rate x latency + burst) before it drops. The cluster is made with 20 ms."""
+    burst = str(max(256 * 1024, int(net.parse_rate(rate) * 0.002)))
+    args = ["tc", "qdisc", "change", "dev", "{dev}", "root", "tbf", "rate", rate, "burst", burst, "latency", latency]
+    for i in range(hosts):
+        for ns, dev in ((topo.host_ns(name, i), "eth0"), (topo.switch_ns(name), f"h{i}n0")):
+            subprocess.run(["ip", "netns", "exec", ns, *[a.format(dev=dev) for a in args]], check=True,
+                           capture_output=True, timeout=30)
 
 
 def main():
@@ -123,40 +138,56 @@ def main():
     ap.add_argument("--sizes", default="262144,1048576,16777216")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--tbf-latency", default="",
+                    help="comma list: run everything at each of these tbf queue limits (e.g. 20ms,3ms,1ms; the "
+                         "cluster's own is 20ms); empty: leave the tbfs as made")
+    ap.add_argument("--out", help="also write the rows here as JSON, stamped (commit, CPU, cores, load, time)")
     ap.add_argument("--ss", action="store_true", help="sample host 0's TCP sockets with ss -tni during each run")
     ap.add_argument("--ss-every", type=float, default=0.02, help="seconds between ss samples")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    if a.tbf_latency and a.delay:
+        ap.error("--tbf-latency: with --delay the tbfs are the delay line's; not supported")
+    lats = [x for x in a.tbf_latency.split(",") if x] or [None]
+    record = {"stamp_before": stamp.stamp(), "command": " ".join(sys.argv), "rows": []}
     st = net.up(a.name, a.hosts, delay=a.delay)
     try:
         tmp = tempfile.mkdtemp()
-        print("algorithm bytes repetition oop_us ip_us " + " ".join((*NSTAT, "tbf_dropped", "tbf_overlimits",
-                                                                     "switch_dropped")))
-        for rep in range(a.repeat):
-            for algo in a.algos:
-                for size in sizes:
-                    it, wu = (8, 2) if size < 16 << 20 else (2, 1)
-                    name, _, extra = algo.partition("@")
-                    wa = arena_bench.worker_args(os.path.join(tmp, f"{len(extra)}-{name}-{size}-{rep}.json"),
-                                                 size, size, 2, it, wu)
-                    wa["algo"] = name
-                    before = counters(a.name, a.hosts)
-                    sampler = Sampler(topo.host_ns(a.name, 0), a.ss_every) if a.ss else None
-                    if sampler:
-                        sampler.start()
-                    try:
-                        row = arena_bench.run_lib(a.name, "harp" + ("@" + extra if extra else ""), a.hosts, wa,
-                                                  a.timeout)["rows"][0]
-                    finally:
-                        if sampler:
-                            sampler.stop()
-                    after = counters(a.name, a.hosts)
-                    print(algo, size, rep, round(row.get("oop_us") or 0), round(row.get("ip_us") or 0),
-                          " ".join(str(after[k] - before[k]) for k in after), flush=True)
-                    if sampler:
-                        print("   ", sampler.summary(), flush=True)
+        print("tbf_latency algorithm bytes repetition oop_us ip_us " + " ".join((*NSTAT, "tbf_dropped",
+                                                                                 "tbf_overlimits", "switch_dropped")))
+        for rep, lat, algo, size in ((r, t, al, sz) for r in range(a.repeat) for t in lats for al in a.algos
+                                     for sz in sizes):
+            if lat:
+                set_tbf_latency(a.name, a.hosts, st["rate"], lat)
+            it, wu = (8, 2) if size < 16 << 20 else (2, 1)
+            name, _, extra = algo.partition("@")
+            wa = arena_bench.worker_args(os.path.join(tmp, f"{len(extra)}-{name}-{size}-{rep}.json"), size, size, 2,
+                                         it, wu)
+            wa["algo"] = name
+            before = counters(a.name, a.hosts)
+            sampler = Sampler(topo.host_ns(a.name, 0), a.ss_every) if a.ss else None
+            if sampler:
+                sampler.start()
+            try:
+                row = arena_bench.run_lib(a.name, "harp" + ("@" + extra if extra else ""), a.hosts, wa,
+                                          a.timeout)["rows"][0]
+            finally:
+                if sampler:
+                    sampler.stop()
+            after = counters(a.name, a.hosts)
+            out = {"tbf_latency": lat or "20ms", "algorithm": algo, "bytes": size, "repetition": rep,
+                   "oop_us": row.get("oop_us"), "ip_us": row.get("ip_us"), **{k: after[k] - before[k] for k in after}}
+            print(out["tbf_latency"], algo, size, rep, round(row.get("oop_us") or 0), round(row.get("ip_us") or 0),
+                  " ".join(str(after[k] - before[k]) for k in after), flush=True)
+            if sampler:
+                out["ss"] = sampler.summary()
+                print("    ss", " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in out["ss"].items()), flush=True)
+            record["rows"].append(out)
     finally:
         net.down(st)
+    if a.out:
+        stamp.write_record(a.out, record)
 
 
 if __name__ == "__main__":
