@@ -401,8 +401,8 @@ def test_data_that_arrives_before_the_proof_is_resent_and_delivered(tmp_path):
     """A rank that completes its handshake first may send data before its peer has
     verified it (the confirming HELLO was lost): the peer drops that data unacknowledged
     and takes the retransmission once the proof arrives. The path is made certain, not
-    left to chance: rank 1 drops every HELLO of rank 0 that could prove it until a DATA
-    frame of rank 0 has arrived (HARP_DPDK_FAULT=hold_proofs=1), so rank 0, verified first,
+    left to chance: rank 1 takes the proof out of every HELLO of rank 0 until a DATA frame of
+    rank 0 has arrived (HARP_DPDK_FAULT=hold_proofs=1), so rank 0, verified first,
     sends data rank 1 must refuse until a later HELLO proves rank 0. Every run: the early
     data was dropped, and every byte arrives. Then 30 % of all frames dropped (HELLOs included),
     several seeds: every byte arrives."""

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <thread>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -378,8 +379,18 @@ void DpdkTransport::handleFrame(rte_mbuf* m) {
     if (h && h->src_rank < data_seen_.size()) {
       if (h->type == static_cast<uint8_t>(PktType::kData)) data_seen_[h->src_rank] = true;
       if (h->type == static_cast<uint8_t>(PktType::kHello) && (h->flags & kFlagHeard) && !data_seen_[h->src_rank]) {
-        rte_pktmbuf_free(m);
-        return;
+        // Held: the proof is taken out and the HELLO goes on as a first contact carrying only
+        // the peer's nonce. Dropping it whole would also hide that nonce, and a peer that heard
+        // us before it first wrote sends nothing else: neither side could prove itself (both
+        // waited out the timeout, about 1 in 30 pairs on a loaded machine).
+        const size_t n = crypto::kNonceBytes;
+        if (m->data_len < kWireOverhead + 3 * n) {
+          rte_pktmbuf_free(m);
+          return;
+        }
+        auto* w = const_cast<WireHdr*>(h);
+        w->flags = static_cast<uint8_t>(w->flags & ~kFlagHeard);
+        std::memset(rte_pktmbuf_mtod(m, uint8_t*) + kWireOverhead + n, 0, 2 * n);
       }
     }
   }

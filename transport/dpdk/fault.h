@@ -3,10 +3,11 @@
 // every HARP frame (data, acks and control alike) before the protocol sees it;
 // and, for the handshake's lost-confirmation path, hold back a peer's proofs:
 // every HELLO of a peer that could prove it (flag HEARD, PROTOCOL.md section 3)
-// is dropped until a DATA frame of that peer has arrived. The peer, which has
-// verified this rank, then surely sends data this rank must refuse and take
-// again once a later HELLO proves the peer (drop= reaches that path only by
-// chance).
+// loses its proof until a DATA frame of that peer has arrived: it reaches the
+// protocol as a first-contact HELLO carrying only the peer's nonce, so this
+// rank can still prove itself. The peer, which has verified this rank, then
+// surely sends data this rank must refuse and take again once a later HELLO
+// proves the peer (drop= reaches that path only by chance).
 //
 //   HARP_DPDK_FAULT="drop=0.05,dup=0.02,reorder=0.03,seed=7"
 //   HARP_DPDK_FAULT="hold_proofs=1"
@@ -23,7 +24,7 @@ namespace harp::dpdk {
 struct FaultConfig {
   double drop = 0, dup = 0, reorder = 0;
   uint64_t seed = 0;
-  bool hold_proofs = false;  // a peer's proving HELLOs are dropped until its first DATA frame
+  bool hold_proofs = false;  // a peer's proving HELLOs lose their proof until its first DATA frame
   bool any() const { return drop > 0 || dup > 0 || reorder > 0 || hold_proofs; }
   // From the environment; throws harp::Error(kInvalidArgument) on bad syntax.
   static FaultConfig fromEnv(int rank);
