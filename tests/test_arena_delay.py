@@ -72,16 +72,22 @@ def test_one_ms_rtt_full_rate_and_a_tenth_percent_loss_are_delivered():
 
 
 def _line_stats(st):
-    """The delay line's counters: it writes them when stopped, so stop it first (down() does again, harmlessly)."""
+    """The delay line's counters: it writes them when stopped, so stop it first (down() does again, harmlessly).
+    A line stopped earlier (net.up's calibration restarts the lines) left its own file at the same path: it
+    is removed first, so what is read is the running line's, written as it exits."""
     import signal
     import time
 
+    path = os.path.join(topo.STATE_DIR, f"{st['name']}.delayline0.json")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
     for pid in st.get("delay_line_pids") or []:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    path = os.path.join(topo.STATE_DIR, f"{st['name']}.delayline0.json")
     for _ in range(100):
         try:
             with open(path) as f:
