@@ -78,10 +78,10 @@ def ss_sample(ns):
     for head, info in zip(lines[0::2], lines[1::2]):
         q = head.split()
         s = {"recv_q": int(q[0]), "send_q": int(q[1])}
-        for key, pat, scale in (("cwnd", r"\bcwnd:(\d+)", 1), ("rtt_ms", r"\brtt:([\d.]+)", 1),
-                                ("notsent", r"\bnotsent:(\d+)", 1), ("rcv_space", r"\brcv_space:(\d+)", 1)):
+        for key, pat in (("cwnd", r"\bcwnd:(\d+)"), ("rtt_ms", r"\brtt:([\d.]+)"), ("notsent", r"\bnotsent:(\d+)"),
+                         ("rcv_space", r"\brcv_space:(\d+)")):
             m = re.search(pat, info)
-            s[key] = float(m.group(1)) * scale if m else 0.0
+            s[key] = float(m.group(1)) if m else 0.0
         m = re.search(r"\bdelivery_rate (\d+(?:\.\d+)?)([KMG]?)bps", info)
         s["delivery_MBps"] = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)] / 8e6 if m else 0.0
         socks.append(s)
@@ -118,17 +118,6 @@ class Sampler(threading.Thread):
         return dict(out, samples=[len(busy), len(self.rows)])
 
 
-def set_tbf_latency(name, hosts, rate, latency):
-    """Every tbf of the cluster (each host's eth0, each switch port toward a host) at `latency`:
-    the queue a tbf keeps (rate x latency + burst) before it drops. The cluster is made with 20 ms."""
-    burst = str(max(256 * 1024, int(net.parse_rate(rate) * 0.002)))
-    args = ["tc", "qdisc", "change", "dev", "{dev}", "root", "tbf", "rate", rate, "burst", burst, "latency", latency]
-    for i in range(hosts):
-        for ns, dev in ((topo.host_ns(name, i), "eth0"), (topo.switch_ns(name), f"h{i}n0")):
-            subprocess.run(["ip", "netns", "exec", ns, *[a.format(dev=dev) for a in args]], check=True,
-                           capture_output=True, timeout=30)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("algos", nargs="+", help="allreduce algorithms (HARP_ALGO names)")
@@ -158,7 +147,7 @@ def main():
         for rep, lat, algo, size in ((r, t, al, sz) for r in range(a.repeat) for t in lats for al in a.algos
                                      for sz in sizes):
             if lat:
-                set_tbf_latency(a.name, a.hosts, st["rate"], lat)
+                net.set_tbf_latency(st, lat)
             it, wu = (8, 2) if size < 16 << 20 else (2, 1)
             name, _, extra = algo.partition("@")
             wa = arena_bench.worker_args(os.path.join(tmp, f"{len(extra)}-{name}-{size}-{rep}.json"), size, size, 2,

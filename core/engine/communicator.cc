@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "base/env.h"
-#include "base/fork.h"
 #include "base/log.h"
 #include "bootstrap/crypto.h"
 #include "bootstrap/rendezvous.h"
@@ -156,9 +155,7 @@ void Communicator::refuseRooted(CollType c, const std::string& why) {
     markBroken("rank " + std::to_string(rank_) + ", the root, refused its own " + collName(c) + " arguments: " + why);
 }
 
-void Communicator::refuseIfInherited(const char* what) const {
-  if (!inheritedAcrossFork(made_in_)) [[likely]]
-    return;
+void Communicator::refuseInherited(const char* what) const {
   throw InvalidArgument(std::string(what) + " on " + describeRank(rank_) + "'s communicator in process " +
                         std::to_string(::getpid()) + ", a fork of the process that created it: a communicator "
                         "cannot be used in a forked child (its connections are the parent's). Create one in the "

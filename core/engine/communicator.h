@@ -49,6 +49,7 @@
 #include "core/select/cost.h"
 #include "core/topology/topology.h"
 #include "core/select/tuning.h"
+#include "base/fork.h"
 #include "base/types.h"
 #include "transport/transport.h"
 
@@ -160,7 +161,12 @@ class Communicator : public Group, public std::enable_shared_from_this<Communica
   inline void finish(CallPlan& p);
   void settleDeferred();  // destroy(): the last deferred descriptor check (core/engine/context.h)
   // Fork (base/fork.h): throws InvalidArgument for `what` in a process forked from the maker.
-  void refuseIfInherited(const char* what) const;
+  // Inline, one load: CallGuard runs it on every call.
+  void refuseIfInherited(const char* what) const {
+    if (inheritedAcrossFork(made_in_)) [[unlikely]]
+      refuseInherited(what);
+  }
+  [[noreturn]] void refuseInherited(const char* what) const;
   void abandonInherited();  // destroy() in such a process: let go of everything, tear nothing down
   void markBroken(const std::string& why);
   std::shared_ptr<Communicator> splitCreate(const std::vector<int64_t>& all, int color, int seq);

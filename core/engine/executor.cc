@@ -81,7 +81,8 @@ class Communicator::CallGuard {
  public:
   CallGuard(Communicator& c, const CollArgs& a) : c_(c) {
     // First: a forked child's copy may see a parent thread's owner word, and must not break anything.
-    c_.refuseIfInherited(collName(a.coll));
+    if (inheritedAcrossFork(c_.made_in_)) [[unlikely]]
+      c_.refuseInherited(collName(a.coll));
     const uint64_t me = thisThreadId();
     uint64_t cur = 0;
     if (c_.owner_.compare_exchange_strong(cur, me, std::memory_order_acquire)) return;

@@ -96,9 +96,27 @@ def sh(*cmd, ns=None, check=True):
     return r
 
 
-def _tbf(dev, rate, ns):
+TBF_LATENCY = "20ms"  # how much queue a link's tbf keeps (rate x latency + burst) before it drops
+
+
+def _tbf(dev, rate, ns, latency=TBF_LATENCY, op="add"):
     burst = max(256 * 1024, int(parse_rate(rate) * 0.002))
-    sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", "20ms", ns=ns)
+    sh("tc", "qdisc", op, "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", latency, ns=ns)
+
+
+def set_tbf_latency(st, latency):
+    """Every tbf of cluster `st` (each host's NICs and the switch's ports toward them) at `latency`
+    of queue instead of TBF_LATENCY, at the rate it has (benchmarks: does the queue's depth matter?).
+    Not on a --flow-cap cluster, whose hosts' side is an htb tree."""
+    if st.get("flow_cap"):
+        raise RuntimeError("harp-cluster: set_tbf_latency needs tbf on both ends; this cluster has --flow-cap")
+    parse_time(latency, "latency")
+    sw = topo.switch_ns(st["name"])
+    for i in range(st["hosts"]):
+        rate = host_rate(st, i)
+        for nic in range(st["nics"]):
+            _tbf(f"eth{nic}", rate, topo.host_ns(st["name"], i), latency, op="change")
+            _tbf(f"h{i}n{nic}", rate, sw, latency, op="change")
 
 
 FLOW_BUCKETS = 16  # classes of the per-flow cap; see _flow_capped
